@@ -1,0 +1,191 @@
+"""Confine the current worker process before it runs any environment code.
+
+Linux primitives, applied in order, each reported as applied or missing:
+
+- network: a fresh network namespace (only a downed loopback inside);
+- filesystem: a private mount namespace with a private tmpfs on /tmp, read-only
+  empty tmpfs over the other world-writable folders, and home folders that are
+  closed to other users (e.g. /root) hidden except for the Python installation;
+- user: a dedicated unprivileged uid/gid, no supplementary groups, no new privileges;
+- environment: the service starts workers with an empty environment (checked here).
+
+Standard library only (ctypes for the system calls Python 3.11 lacks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+# Folders every user may write to on a Debian host; each gets covered.
+SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", "/var/lock")
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _prctl(option: int, value: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies, so no worker outlives the service."""
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The first folder on ``path`` that other users cannot enter, if any."""
+    current = "/"
+    for part in os.path.realpath(path).strip("/").split("/"):
+        current = os.path.join(current, part)
+        try:
+            if os.path.isdir(current) and not os.stat(current).st_mode & 0o001:
+                return current
+        except OSError:
+            return None
+    return None
+
+
+def _readable_roots() -> list[str]:
+    """Folders the worker must still read after dropping privileges."""
+    roots = {os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    roots.add(os.path.realpath(sys.base_prefix))
+    return sorted(os.path.realpath(r) for r in roots)
+
+
+def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> None:
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
+    for folder in SHARED_WRITABLE:
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0755")
+    closed: dict[str, list[str]] = {}
+    for root in _readable_roots():
+        ancestor = _closed_ancestor(root)
+        if ancestor:
+            closed.setdefault(ancestor, []).append(root)
+    for ancestor, roots in closed.items():
+        staged = []
+        for i, root in enumerate(roots):
+            stage = f"/tmp/.stage{i}"
+            os.mkdir(stage)
+            _mount(root, stage, None, MS_BIND | MS_REC)
+            staged.append((stage, root))
+        # Hide the closed folder (e.g. /root and its secrets), then put back only what Python needs.
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+        for stage, root in staged:
+            os.makedirs(root, exist_ok=True)
+            _mount(stage, root, None, MS_MOVE)
+            _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            os.rmdir(stage)
+        _mount(None, ancestor, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _unprivileged_namespaces() -> None:
+    """Without root, a user namespace still gives a private network and /tmp."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS), "unshare")
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+
+
+def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
+    """Confine this process; return which primitives hold and why any is missing."""
+    applied: list[str] = []
+    missing: dict[str, str] = {}
+    if os.geteuid() == 0:
+        try:
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+            applied.append("network")
+        except OSError as exc:
+            missing["network"] = f"cannot create a network namespace ({exc})"
+        try:
+            _isolate_filesystem(uid, gid, tmp_size_mb)
+            applied.append("filesystem")
+        except OSError as exc:
+            missing["filesystem"] = f"cannot build a private mount namespace ({exc})"
+        try:
+            _drop_privileges(uid, gid)
+            applied.append("user")
+        except OSError as exc:
+            missing["user"] = f"cannot switch to uid {uid} ({exc})"
+    else:
+        try:
+            _unprivileged_namespaces()
+            applied.append("network")
+            try:
+                _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700")
+                missing["filesystem"] = "not root: only /tmp is private; the service user's files stay writable"
+            except OSError as exc:
+                missing["filesystem"] = f"not root and no private /tmp ({exc})"
+        except OSError as exc:
+            missing["network"] = f"not root and user namespaces are unavailable ({exc})"
+            missing["filesystem"] = "not root: the worker writes wherever the service user can"
+        missing["user"] = f"not root: the worker runs as the service's own uid {os.getuid()}"
+    try:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    except OSError as exc:
+        missing["no_new_privs"] = str(exc)
+    die_with_parent()
+    leaked = sorted(k for k in os.environ if k not in ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "PYTHONHASHSEED"))
+    if leaked:
+        missing["environment"] = "variables visible to environment code: " + ", ".join(leaked)
+    else:
+        applied.append("environment")
+    try:
+        os.chdir("/tmp")
+    except OSError:
+        pass
+    return {"applied": applied, "missing": missing, "uid": os.getuid()}

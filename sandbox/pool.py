@@ -1,0 +1,252 @@
+"""A pool of sandbox workers and the typed requests the service makes of them.
+
+A backend only knows how to start one worker (a process, a container) and
+hand back a ``Channel``; the pool owns everything else: handshakes, loading
+environment classes once per worker, guard timeouts, replacing broken
+workers and recycling old ones, so every backend behaves the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sandbox import protocol
+from sandbox.errors import RequestFailed, SandboxBusy, SandboxError, WorkerLost
+
+log = logging.getLogger("envfoundry.sandbox")
+
+# The worker enforces call timeouts itself; this margin only catches a worker that hangs.
+GUARD_MARGIN = 5.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call limits, all configurable; the defaults suit LLM-written environments."""
+
+    call_timeout: float = 10.0
+    check_timeout: float = 5.0
+    load_timeout: float = 10.0
+    memory_mb: int = 512
+    open_files: int = 64
+    processes: int = 0
+    tmp_mb: int = 64
+    output_bytes: int = 1 << 20
+    result_bytes: int = 1 << 20
+    state_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True)
+class EnvCode:
+    """What a worker needs to compile an environment; ``key`` is the code hash."""
+
+    key: str
+    env_id: str
+    class_name: str
+    code: str
+
+
+class Channel(Protocol):
+    """One running worker as seen by the pool."""
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def receive(self) -> bytes: ...
+
+    async def kill(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    async def spawn(self, slot: int, limits: Limits) -> Channel: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class Worker:
+    slot: int
+    channel: Channel
+    containment: dict[str, Any]
+    loaded: set[str] = field(default_factory=set)
+    requests: int = 0
+
+
+@dataclass
+class CallOutcome:
+    ok: bool
+    result: Any
+    error: dict[str, str] | None
+    state: str | None  # new encoded state, or None when the call changed nothing
+    diff: dict[str, list[dict[str, Any]]]
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        backend: Backend,
+        size: int,
+        limits: Limits,
+        *,
+        max_requests: int = 5000,
+        acquire_timeout: float = 60.0,
+    ) -> None:
+        self.backend = backend
+        self.size = size
+        self.limits = limits
+        self.max_requests = max_requests
+        self.acquire_timeout = acquire_timeout
+        self.containment: dict[str, Any] = {}
+        self.replaced = 0
+        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self._ids = itertools.count(1)
+        self._pending: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        workers = await asyncio.gather(*(self._spawn(slot) for slot in range(self.size)))
+        self.containment = workers[0].containment
+        for missing, reason in self.containment.get("missing", {}).items():
+            log.warning("SANDBOX CONTAINMENT MISSING (%s backend): %s: %s", self.backend.name, missing, reason)
+        for worker in workers:
+            self._idle.put_nowait(worker)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._pending):
+            task.cancel()
+        while not self._idle.empty():
+            await self._idle.get_nowait().channel.kill()
+        await self.backend.close()
+
+    async def _spawn(self, slot: int) -> Worker:
+        channel = await self.backend.spawn(slot, self.limits)
+        try:
+            hello = protocol.decode_body(await asyncio.wait_for(channel.receive(), self.limits.load_timeout + 20))
+        except (asyncio.TimeoutError, protocol.ProtocolError, OSError) as exc:
+            await channel.kill()
+            raise WorkerLost(f"worker {slot} did not start: {exc}") from exc
+        return Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
+
+    def _replace(self, worker: Worker) -> None:
+        """Kill ``worker`` and start another in its slot in the background."""
+        self.replaced += 1
+
+        async def run() -> None:
+            await worker.channel.kill()
+            delay = 0.1
+            while not self._closed:
+                try:
+                    self._idle.put_nowait(await self._spawn(worker.slot))
+                    return
+                except SandboxError as exc:
+                    log.error("cannot restart sandbox worker %d: %s", worker.slot, exc.message)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
+        message["id"] = next(self._ids)
+        await worker.channel.send(protocol.encode_frame(message))
+        answer: dict[str, Any] = protocol.decode_body(await asyncio.wait_for(worker.channel.receive(), guard))
+        if answer.get("id") != message["id"]:
+            raise protocol.ProtocolError("answer does not match the request")
+        return answer
+
+    async def request(self, message: dict[str, Any], env: EnvCode | None, timeout: float) -> dict[str, Any]:
+        """Send one request to a free worker, loading ``env`` there first if needed.
+
+        Raises:
+            RequestFailed: the worker answered with an error.
+            WorkerLost: the worker died or hung; it is being replaced.
+            SandboxBusy: no worker became free in time.
+        """
+        try:
+            worker = await asyncio.wait_for(self._idle.get(), self.acquire_timeout)
+        except asyncio.TimeoutError:
+            raise SandboxBusy(f"no sandbox worker became free within {self.acquire_timeout:g} s") from None
+        healthy = False
+        try:
+            if env is not None and env.key not in worker.loaded:
+                load = {
+                    "op": "load", "env": env.key, "env_id": env.env_id, "class_name": env.class_name,
+                    "code": env.code, "timeout": self.limits.load_timeout,
+                }
+                loaded = await self._roundtrip(worker, load, self.limits.load_timeout + GUARD_MARGIN)
+                if loaded.get("error"):
+                    # A module that fails to load may have left the worker in any state.
+                    raise RequestFailed(loaded["error"]["type"], loaded["error"]["message"])
+                worker.loaded.add(env.key)
+            answer = await self._roundtrip(worker, message, timeout + GUARD_MARGIN)
+            healthy = True
+        except asyncio.TimeoutError:
+            raise WorkerLost("the sandbox worker stopped answering and was replaced") from None
+        except (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            raise WorkerLost(f"the sandbox worker was lost ({exc}) and replaced") from None
+        finally:
+            worker.requests += 1
+            if healthy and worker.requests < self.max_requests:
+                self._idle.put_nowait(worker)
+            else:
+                self._replace(worker)
+        if answer.get("error"):
+            raise RequestFailed(answer["error"]["type"], answer["error"]["message"])
+        return answer
+
+    # -- typed requests -------------------------------------------------------------------
+    async def validate(self, env: EnvCode) -> dict[str, Any] | None:
+        """Compile and instantiate ``env`` with ``{}`` in a throwaway fork; return the error or None."""
+        answer = await self.request(
+            {"op": "validate", "env_id": env.env_id, "class_name": env.class_name, "code": env.code,
+             "timeout": self.limits.load_timeout},
+            None,
+            self.limits.load_timeout,
+        )
+        return None if answer.get("ok") else dict(answer["error"])
+
+    async def init_state(self, env: EnvCode, init_config: dict[str, Any]) -> str:
+        answer = await self.request(
+            {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
+             "max_state_bytes": self.limits.state_bytes},
+            env,
+            self.limits.call_timeout,
+        )
+        return str(answer["state"])
+
+    async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
+        """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
+        try:
+            answer = await self.request(
+                {"op": "call", "env": env.key, "state": state, "name": name, "arguments": arguments,
+                 "timeout": self.limits.call_timeout, "max_state_bytes": self.limits.state_bytes,
+                 "max_result_bytes": self.limits.result_bytes},
+                env,
+                self.limits.call_timeout,
+            )
+        except RequestFailed as exc:
+            return CallOutcome(False, None, {"type": exc.kind, "message": exc.message}, None, _no_diff())
+        except WorkerLost as exc:
+            return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
+        return CallOutcome(True, answer.get("result"), None, answer.get("state"), answer["diff"])
+
+    async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
+        if not checks:
+            return []
+        answer = await self.request(
+            {"op": "score", "env": env.key, "state": state, "initial": initial, "checks": checks,
+             "timeout": self.limits.check_timeout},
+            env,
+            self.limits.check_timeout * len(checks),
+        )
+        return list(answer["checks"])
+
+
+def _no_diff() -> dict[str, list[dict[str, Any]]]:
+    return {"added": [], "removed": [], "changed": []}

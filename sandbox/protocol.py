@@ -1,0 +1,62 @@
+"""Framing between the service and a sandbox worker: a 4-byte big-endian length, then UTF-8 JSON.
+
+Standard library only: the worker imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, BinaryIO
+
+HEADER = struct.Struct(">I")
+# Frames carry whole states; the service enforces its own, smaller state limit.
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame, or closed mid-frame."""
+
+
+def encode_frame(message: Any) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}") from exc
+
+
+def frame_length(header: bytes) -> int:
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    return int(length)
+
+
+def read_exact(stream: BinaryIO, size: int) -> bytes:
+    chunks = []
+    remaining = size
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            raise ProtocolError("peer closed the stream mid-frame" if chunks or size != HEADER.size else "eof")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    """Read one frame from a blocking stream. Raises ProtocolError('eof') on a clean close."""
+    header = read_exact(stream, HEADER.size)
+    return decode_body(read_exact(stream, frame_length(header)))
+
+
+def write_frame(stream: BinaryIO, message: Any) -> None:
+    stream.write(encode_frame(message))
+    stream.flush()

@@ -1,0 +1,85 @@
+"""The sandbox worker: runs environment code on behalf of the service.
+
+Started as ``python -S -E -s sandbox/worker.py --uid N ...``. It confines itself
+(see ``contain``), says hello, then answers one framed request at a time on
+its stdin/stdout. Environment classes are compiled once per worker; every
+call then runs in a fork of this process, so nothing a call does to class
+attributes, module globals or builtins survives it, a crash or an exit in
+environment code only ends that fork, and the committed state is whatever
+the service stored last (calls are all or nothing).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if __package__ in (None, ""):
+    # Run as a script with -S: make the ``sandbox`` package importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sandbox import contain, protocol  # noqa: E402
+from sandbox.runtime import Runtime, WorkerLimits  # noqa: E402
+
+# Modules environment code commonly imports; loaded before privileges drop so
+# they come from the warm image rather than from disk at call time.
+PRELOAD = (
+    "collections", "copy", "dataclasses", "datetime", "decimal", "enum", "functools", "hashlib",
+    "heapq", "itertools", "json", "math", "random", "re", "statistics", "string", "time",
+    "typing", "uuid", "bisect", "inspect", "traceback", "textwrap", "fractions", "operator",
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="envfoundry-worker")
+    parser.add_argument("--uid", type=int, default=65534)
+    parser.add_argument("--gid", type=int, default=65534)
+    parser.add_argument("--memory-mb", type=int, default=512)
+    parser.add_argument("--open-files", type=int, default=64)
+    parser.add_argument("--processes", type=int, default=0, help="extra processes a call may start")
+    parser.add_argument("--tmp-mb", type=int, default=64)
+    parser.add_argument("--output-bytes", type=int, default=1 << 20)
+    parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # The protocol keeps private copies of stdin/stdout; fds 0-2 become /dev/null
+    # so environment code that writes to them cannot corrupt frames.
+    proto_in = os.fdopen(os.dup(0), "rb")
+    proto_out = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    for name in PRELOAD:
+        __import__(name)
+    if args.no_contain:
+        contain.die_with_parent()
+        report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
+    else:
+        report = contain.apply(args.uid, args.gid, args.tmp_mb)
+    limits = WorkerLimits(
+        memory_bytes=args.memory_mb << 20,
+        open_files=args.open_files,
+        processes=args.processes,
+        output_bytes=args.output_bytes,
+    )
+    runtime = Runtime(limits)
+    # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
+    runtime.set_worker_limits(dedicated_uid="user" in report["applied"])
+    protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
+    while True:
+        try:
+            request = protocol.read_frame(proto_in)
+        except protocol.ProtocolError:
+            return 0
+        protocol.write_frame(proto_out, runtime.handle(request))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

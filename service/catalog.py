@@ -1,0 +1,351 @@
+"""Environments and scenarios: the package format on disk and the in-memory catalog.
+
+A package is a folder per environment::
+
+    <env_id>/env.py           the class source (never imported by the API process)
+    <env_id>/env.json         {env_id, class_name, summary, introduction, rules, tools?}
+    <env_id>/scenarios.jsonl  one scenario per line
+
+``tools`` in ``env.json`` is optional: a mapping of tool name to fields
+(``description``, ``parameters``) that replace what static analysis extracted.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox.schema import SchemaError, extract_tools
+
+
+class CatalogError(Exception):
+    """A package or record is malformed. ``field`` names the offending part."""
+
+    def __init__(self, message: str, *, field: str | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.path = path
+
+
+class ConflictError(CatalogError):
+    """An id is already taken by a different definition."""
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    item: str
+    check: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Scenario:
+    scenario_id: str
+    env_id: str
+    task: str
+    init_config: dict[str, Any]
+    checklist: list[CheckItem] = field(default_factory=list)
+    reference_solution: list[ToolCall] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "scenario_id": self.scenario_id,
+            "env_id": self.env_id,
+            "task": self.task,
+            "init_config": self.init_config,
+            "checklist": [{"item": c.item, "check": c.check} for c in self.checklist],
+        }
+        if self.reference_solution is not None:
+            data["reference_solution"] = [
+                {"name": c.name, "arguments": c.arguments} for c in self.reference_solution
+            ]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = "scenario") -> Scenario:
+        if not isinstance(data, dict):
+            raise CatalogError(f"{where} must be a JSON object", path=where)
+        for key in ("env_id", "task", "init_config"):
+            if key not in data:
+                raise CatalogError(f"{where} lacks '{key}'", field=key, path=where)
+        if not isinstance(data["init_config"], dict):
+            raise CatalogError(f"{where}: init_config must be an object", field="init_config", path=where)
+        checklist = []
+        for i, entry in enumerate(data.get("checklist") or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("check"), str):
+                raise CatalogError(
+                    f"{where}: checklist[{i}] must be {{item, check}}", field=f"checklist[{i}]", path=where
+                )
+            checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"]))
+        solution = None
+        if data.get("reference_solution") is not None:
+            solution = []
+            for i, call in enumerate(data["reference_solution"]):
+                if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                    raise CatalogError(
+                        f"{where}: reference_solution[{i}] must be {{name, arguments}}",
+                        field=f"reference_solution[{i}]",
+                        path=where,
+                    )
+                arguments = call.get("arguments") or {}
+                if isinstance(arguments, str):
+                    arguments = json.loads(arguments)
+                solution.append(ToolCall(name=call["name"], arguments=arguments))
+        scenario_id = data.get("scenario_id") or new_scenario_id()
+        return cls(
+            scenario_id=str(scenario_id),
+            env_id=str(data["env_id"]),
+            task=str(data["task"]),
+            init_config=data["init_config"],
+            checklist=checklist,
+            reference_solution=solution,
+        )
+
+
+@dataclass
+class Environment:
+    env_id: str
+    class_name: str
+    code: str
+    summary: str = ""
+    introduction: str = ""
+    rules: list[str] = field(default_factory=list)
+    tool_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def code_hash(self) -> str:
+        """Identifies the class code: workers cache compiled classes under it."""
+        return hashlib.sha256(f"{self.class_name}\0{self.code}".encode()).hexdigest()
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
+
+    def tool(self, name: str) -> dict[str, Any] | None:
+        for t in self.tools:
+            if t["function"]["name"] == name:
+                return t
+        return None
+
+    def manifest(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "env_id": self.env_id,
+            "class_name": self.class_name,
+            "summary": self.summary,
+            "introduction": self.introduction,
+            "rules": list(self.rules),
+        }
+        if self.tool_overrides:
+            data["tools"] = self.tool_overrides
+        return data
+
+
+def new_scenario_id() -> str:
+    return "scn_" + secrets.token_hex(8)
+
+
+def build_environment(
+    *,
+    env_id: str,
+    class_name: str,
+    code: str,
+    summary: str = "",
+    introduction: str = "",
+    rules: list[str] | None = None,
+    tool_overrides: dict[str, dict[str, Any]] | None = None,
+) -> Environment:
+    """Parse the class statically and extract its tools. Nothing is executed here.
+
+    Raises:
+        CatalogError: the code does not parse or does not define ``class_name``.
+    """
+    try:
+        tools = extract_tools(code, class_name)
+    except SchemaError as exc:
+        raise CatalogError(str(exc), field="code") from exc
+    overrides = tool_overrides or {}
+    for tool in tools:
+        fn = tool["function"]
+        patch = overrides.get(fn["name"])
+        if patch:
+            fn.update({k: v for k, v in patch.items() if k in ("description", "parameters")})
+    return Environment(
+        env_id=env_id,
+        class_name=class_name,
+        code=code,
+        summary=summary,
+        introduction=introduction,
+        rules=list(rules or []),
+        tool_overrides=overrides,
+        tools=tools,
+    )
+
+
+def parse_check(source: str, *, field_name: str = "check") -> None:
+    """Reject a check whose source does not parse or defines no ``check_func``.
+
+    Raises:
+        CatalogError: naming ``field_name`` and the syntax error's line.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise CatalogError(
+            f"{field_name}: syntax error at line {exc.lineno}: {exc.msg}", field=field_name
+        ) from exc
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "check_func" for n in tree.body):
+        raise CatalogError(f"{field_name}: does not define check_func(final_state)", field=field_name)
+
+
+class Catalog:
+    """Environments and scenarios by id. Ids are unique across the catalog."""
+
+    def __init__(self) -> None:
+        self.environments: dict[str, Environment] = {}
+        self.scenarios: dict[str, Scenario] = {}
+
+    def add_environment(self, env: Environment) -> bool:
+        """Add ``env``; return False when the same definition is already present.
+
+        Raises:
+            ConflictError: the id is taken by different code.
+        """
+        existing = self.environments.get(env.env_id)
+        if existing is not None:
+            if existing.code_hash != env.code_hash:
+                raise ConflictError(f"environment '{env.env_id}' already exists with different code", field="env_id")
+            return False
+        self.environments[env.env_id] = env
+        return True
+
+    def add_scenario(self, scenario: Scenario) -> bool:
+        """Add ``scenario``; return False when an identical one is already present.
+
+        Raises:
+            CatalogError: the env is unknown (``field='env_id'``) or a check does not parse.
+            ConflictError: the id is taken by a different scenario.
+        """
+        if scenario.env_id not in self.environments:
+            raise CatalogError(f"unknown environment '{scenario.env_id}'", field="env_id")
+        for i, check in enumerate(scenario.checklist):
+            parse_check(check.check, field_name=f"checklist[{i}].check")
+        existing = self.scenarios.get(scenario.scenario_id)
+        if existing is not None:
+            if existing.to_json() != scenario.to_json():
+                raise ConflictError(
+                    f"scenario '{scenario.scenario_id}' already exists with different content", field="scenario_id"
+                )
+            return False
+        self.scenarios[scenario.scenario_id] = scenario
+        return True
+
+    def scenarios_of(self, env_id: str) -> list[Scenario]:
+        return [s for s in self.scenarios.values() if s.env_id == env_id]
+
+    def load_dir(self, root: Path) -> None:
+        """Load every package under ``root`` (a package folder or a folder of them).
+
+        Raises:
+            CatalogError: with ``path`` set to the offending file.
+        """
+        root = Path(root)
+        if not root.is_dir():
+            raise CatalogError(f"catalog folder not found: {root}", path=str(root))
+        folders = [root] if (root / "env.json").is_file() else sorted(
+            p for p in root.iterdir() if (p / "env.json").is_file()
+        )
+        for folder in folders:
+            env, scenarios = read_package(folder)
+            self.add_environment(env)
+            for scenario in scenarios:
+                try:
+                    self.add_scenario(scenario)
+                except CatalogError as exc:
+                    exc.path = exc.path or str(folder / "scenarios.jsonl")
+                    raise
+
+
+def read_package(folder: Path) -> tuple[Environment, list[Scenario]]:
+    """Read one package folder.
+
+    Raises:
+        CatalogError: with ``path`` naming the file at fault.
+    """
+    manifest_path = folder / "env.json"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CatalogError(f"cannot read {manifest_path}: {exc}", path=str(manifest_path)) from exc
+    for key in ("env_id", "class_name"):
+        if not isinstance(manifest.get(key), str):
+            raise CatalogError(f"{manifest_path} lacks '{key}'", field=key, path=str(manifest_path))
+    code_path = folder / "env.py"
+    try:
+        code = code_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"cannot read {code_path}: {exc}", path=str(code_path)) from exc
+    try:
+        env = build_environment(
+            env_id=manifest["env_id"],
+            class_name=manifest["class_name"],
+            code=code,
+            summary=manifest.get("summary", ""),
+            introduction=manifest.get("introduction", ""),
+            rules=manifest.get("rules", []),
+            tool_overrides=manifest.get("tools"),
+        )
+    except CatalogError as exc:
+        exc.path = str(code_path)
+        raise
+    scenarios: list[Scenario] = []
+    scen_path = folder / "scenarios.jsonl"
+    if scen_path.is_file():
+        for lineno, line in enumerate(scen_path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"{scen_path}:{lineno}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CatalogError(f"{where}: invalid JSON: {exc}", path=where) from exc
+            scenario = Scenario.from_json(data, where=where)
+            if scenario.env_id != env.env_id:
+                raise CatalogError(
+                    f"{where}: env_id '{scenario.env_id}' does not match the package '{env.env_id}'",
+                    field="env_id",
+                    path=where,
+                )
+            scenarios.append(scenario)
+    return env, scenarios
+
+
+def write_package(env: Environment, scenarios: list[Scenario], out: Path) -> Path:
+    """Write ``env`` and its scenarios as a package folder under ``out``; return the folder."""
+    folder = Path(out) / env.env_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "env.py").write_text(env.code, encoding="utf-8")
+    (folder / "env.json").write_text(json.dumps(env.manifest(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in scenarios]
+    (folder / "scenarios.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return folder
+
+
+def bundled_catalog_dir() -> Path:
+    """The catalog shipped with the project (a checkout's ``catalog/`` or the wheel's copy)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "bundled_catalog", here.parent / "catalog"):
+        if candidate.is_dir():
+            return candidate
+    raise CatalogError("the bundled catalog is missing from this installation")
