@@ -1,0 +1,91 @@
+"""The application factory: builds the app and, in its lifespan, every resource it owns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from sandbox.pool import WorkerPool
+from service import problems
+from service.api import router
+from service.catalog import Catalog, bundled_catalog_dir
+from service.limits import BodyLimit
+from service.registry import Registry
+from service.sessions import Sessions
+from service.settings import Settings
+from service.store import SessionStore
+
+log = logging.getLogger("envfoundry")
+
+DESCRIPTION = """Stateful tool environments for LLM agents. Create a session from a scenario,
+list its tools, call them, read the state and trajectory, fork, and score. Tool failures are
+observations (HTTP 200, `ok: false`); service errors are RFC 9457 problem+json."""
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    catalog = Catalog()
+    for folder in settings.catalogs or [bundled_catalog_dir()]:
+        catalog.load_dir(folder)
+    return catalog
+
+
+def make_store(settings: Settings) -> SessionStore:
+    if settings.redis_url:
+        from service.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, ttl=settings.session_ttl, prefix=settings.key_prefix)
+    from service.memory_store import MemoryStore
+
+    return MemoryStore(ttl=settings.session_ttl)
+
+
+def make_pool(settings: Settings) -> WorkerPool:
+    if settings.sandbox != "process":
+        raise ValueError(f"unknown sandbox backend '{settings.sandbox}'")
+    from sandbox.process import ProcessBackend
+
+    backend = ProcessBackend(uid_base=settings.worker_uid_base)
+    return WorkerPool(backend, settings.workers, settings.limits(), max_requests=settings.worker_max_requests)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        catalog = load_catalog(settings)
+        store = make_store(settings)
+        await store.ping()
+        pool = make_pool(settings)
+        await pool.start()
+        registry = Registry(catalog, store, pool)
+        app.state.settings = settings
+        app.state.store = store
+        app.state.pool = pool
+        app.state.registry = registry
+        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait)
+        log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
+                 len(catalog.environments), len(catalog.scenarios), "redis" if settings.redis_url else "memory",
+                 settings.sandbox, settings.workers)
+        try:
+            yield
+        finally:
+            await pool.close()
+            await store.close()
+
+    app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
+    problems.install(app)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problems.problem_response(500, "internal", "Internal error", "an unexpected error occurred; "
+                                         "it has been logged", request.url.path)
+
+    app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

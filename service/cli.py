@@ -1,0 +1,130 @@
+"""The ``envfoundry`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from service.settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in {
+        "catalogs": args.catalog or None,
+        "redis_url": args.redis,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+    }.items() if v is not None}
+    return Settings(**overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = _settings(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"envfoundry serving on http://{settings.host}:{settings.port} "
+          f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox workers: {settings.workers})", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from service.app import make_pool
+    from service.validate import validate_catalog
+
+    settings = Settings(workers=args.workers or 2)
+
+    async def run() -> int:
+        pool = make_pool(settings)
+        await pool.start()
+        try:
+            report = await validate_catalog([Path(p) for p in args.dirs], pool)
+        finally:
+            await pool.close()
+        for problem in report.problems:
+            print(f"PROBLEM {problem}")
+        print(f"{report.environments} environments, {report.scenarios} scenarios, {len(report.problems)} problems")
+        return 0 if report.ok else 1
+
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(run())
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from service.envscaler import import_envscaler
+
+    report = import_envscaler(Path(args.envs), Path(args.scenarios) if args.scenarios else None, Path(args.out))
+    for reason in report.skipped:
+        print(f"SKIPPED {reason}")
+    print(f"wrote {report.environments} environments and {report.scenarios} scenarios to {args.out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from service.catalog import Catalog
+    from service.envscaler import export_envscaler
+
+    catalog = Catalog()
+    for folder in args.dirs:
+        catalog.load_dir(Path(folder))
+    export_envscaler(catalog, Path(args.envs_out), Path(args.scenarios_out))
+    print(f"exported {len(catalog.environments)} environments and {len(catalog.scenarios)} scenarios")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="envfoundry", description="Serve stateful tool environments to LLM agents.")
+    sub = root.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve catalogs over HTTP (the bundled one by default)")
+    serve.add_argument("--catalog", action="append", metavar="DIR", help="catalog folder (repeatable)")
+    serve.add_argument("--redis", metavar="URL", help="Redis URL for sessions (default: REDIS_URL, else memory)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int, help="sandbox worker processes")
+    serve.set_defaults(run=cmd_serve)
+
+    catalog = sub.add_parser("catalog", help="check and convert catalogs").add_subparsers(dest="action", required=True)
+    validate = catalog.add_parser("validate", help="load packages and replay every reference solution in the sandbox")
+    validate.add_argument("dirs", nargs="+", metavar="DIR")
+    validate.add_argument("--workers", type=int)
+    validate.set_defaults(run=cmd_validate)
+
+    imp = catalog.add_parser("import-envscaler", help="convert EnvScaler's released JSON into packages")
+    imp.add_argument("envs", metavar="ENVS.json")
+    imp.add_argument("scenarios", nargs="?", metavar="SCENARIOS.json")
+    imp.add_argument("--out", required=True, metavar="DIR")
+    imp.set_defaults(run=cmd_import)
+
+    exp = catalog.add_parser("export-envscaler", help="write packages back as EnvScaler's JSON shapes")
+    exp.add_argument("dirs", nargs="+", metavar="DIR")
+    exp.add_argument("--envs-out", required=True, metavar="ENVS.json")
+    exp.add_argument("--scenarios-out", required=True, metavar="SCENARIOS.json")
+    exp.set_defaults(run=cmd_export)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the CLI reports our errors plainly instead of a traceback
+        from service.catalog import CatalogError
+
+        if isinstance(exc, CatalogError):
+            print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

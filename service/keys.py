@@ -1,0 +1,45 @@
+"""Every Redis key name, built in one place.
+
+Session keys share the hash tag ``{<session id>}`` so a Redis Cluster keeps a
+session on one slot and its multi-key updates stay atomic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    meta: str
+    state: str
+    initial: str
+    trajectory: str
+    lock: str
+
+    def data(self) -> tuple[str, str, str, str]:
+        """Keys whose TTL moves together (the lock has its own lease)."""
+        return (self.meta, self.state, self.initial, self.trajectory)
+
+
+class Keys:
+    def __init__(self, prefix: str = "ef") -> None:
+        self.prefix = prefix
+
+    def session(self, session_id: str) -> SessionKeys:
+        base = f"{self.prefix}:session:{{{session_id}}}"
+        return SessionKeys(
+            meta=f"{base}:meta",
+            state=f"{base}:state",
+            initial=f"{base}:initial",
+            trajectory=f"{base}:trajectory",
+            lock=f"{base}:lock",
+        )
+
+    @property
+    def environments(self) -> str:
+        return f"{self.prefix}:catalog:environments"
+
+    @property
+    def scenarios(self) -> str:
+        return f"{self.prefix}:catalog:scenarios"

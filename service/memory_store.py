@@ -1,0 +1,120 @@
+"""The in-process session store: the embedded default when no Redis URL is given."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+
+from service.store import LockTimeout, SessionMeta, Snapshot
+
+
+@dataclass
+class _Entry:
+    meta: SessionMeta
+    state: str
+    initial: str
+    trajectory: list[str] = field(default_factory=list)
+    expires_at: float = 0.0
+
+
+class MemoryStore:
+    def __init__(self, ttl: float = 3600.0) -> None:
+        self.ttl = ttl
+        self._sessions: dict[str, _Entry] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._records: dict[str, dict[str, str]] = {"environments": {}, "scenarios": {}}
+        self._last_sweep = 0.0
+
+    def _live(self, session_id: str) -> _Entry | None:
+        now = time.time()
+        if now - self._last_sweep > 60:
+            self._sweep(now)
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            return None
+        if entry.expires_at <= now:
+            del self._sessions[session_id]
+            return None
+        entry.expires_at = now + self.ttl
+        return entry
+
+    def _sweep(self, now: float) -> None:
+        """Drop expired sessions so an idle service does not hold them forever."""
+        self._last_sweep = now
+        for session_id in [k for k, e in self._sessions.items() if e.expires_at <= now]:
+            del self._sessions[session_id]
+
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
+        self._sessions[meta.session_id] = _Entry(
+            replace(meta), state, initial, list(trajectory), time.time() + self.ttl
+        )
+
+    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
+        entry = self._live(session_id)
+        if entry is None:
+            return None
+        return Snapshot(
+            meta=replace(entry.meta),
+            state=entry.state,
+            initial=entry.initial,
+            expires_at=entry.expires_at,
+            trajectory=list(entry.trajectory) if trajectory else [],
+        )
+
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+        entry = self._live(session_id)
+        if entry is None or entry.meta.step != expected_step:
+            return False
+        if state is not None:
+            entry.state = state
+        entry.trajectory.append(record)
+        entry.meta.step += 1
+        return True
+
+    async def trajectory(self, session_id: str) -> list[str] | None:
+        entry = self._live(session_id)
+        return None if entry is None else list(entry.trajectory)
+
+    async def delete(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    @asynccontextmanager
+    async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
+        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
+        self._locks[session_id] = (lock, users + 1)
+        try:
+            try:
+                await asyncio.wait_for(lock.acquire(), wait)
+            except asyncio.TimeoutError:
+                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s") from None
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            lock, users = self._locks[session_id]
+            if users == 1:
+                del self._locks[session_id]
+            else:
+                self._locks[session_id] = (lock, users - 1)
+
+    async def put_record(self, kind: str, key: str, value: str) -> str | None:
+        existing = self._records[kind].get(key)
+        if existing is None:
+            self._records[kind][key] = value
+        return existing
+
+    async def get_record(self, kind: str, key: str) -> str | None:
+        return self._records[kind].get(key)
+
+    async def all_records(self, kind: str) -> dict[str, str]:
+        return dict(self._records[kind])
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,116 @@
+"""Service errors and their one translation into RFC 9457 problem+json.
+
+    ServiceError            500 internal
+    ├── NotFound            404 not-found            (env, scenario, session)
+    ├── InvalidRequest      422 invalid-request      (a field fails validation)
+    ├── InvalidEnvironment  422 invalid-environment  (code fails in the sandbox)
+    ├── Conflict            409 conflict             (id taken, concurrent change)
+    ├── PayloadTooLarge     413 payload-too-large
+    ├── SessionBusy         409 session-busy         (previous call still running)
+    └── Unavailable         503 unavailable          (sandbox or store down)
+
+``type`` is a stable URN per class; clients branch on it, not on ``detail``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+MEDIA_TYPE = "application/problem+json"
+
+
+def problem_type(slug: str) -> str:
+    return f"urn:envfoundry:problem:{slug}"
+
+
+class ServiceError(Exception):
+    status = 500
+    slug = "internal"
+    title = "Internal error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class NotFound(ServiceError):
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class InvalidRequest(ServiceError):
+    status = 422
+    slug = "invalid-request"
+    title = "Invalid request"
+
+
+class InvalidEnvironment(ServiceError):
+    status = 422
+    slug = "invalid-environment"
+    title = "Environment code failed validation"
+
+
+class Conflict(ServiceError):
+    status = 409
+    slug = "conflict"
+    title = "Conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class SessionBusy(ServiceError):
+    status = 409
+    slug = "session-busy"
+    title = "Session busy"
+
+
+class Unavailable(ServiceError):
+    status = 503
+    slug = "unavailable"
+    title = "Service unavailable"
+
+
+def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,
+                     **extra: Any) -> JSONResponse:
+    body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
+    if instance:
+        body["instance"] = instance
+    body.update(extra)
+    headers = {"Retry-After": "1"} if status in (409, 503) and slug != "conflict" else None
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem+json."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        first = errors[0] if errors else {"field": "body", "message": "invalid"}
+        detail = f"{first['field']}: {first['message']}"
+        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return problem_response(exc.status_code, slug, str(exc.detail), str(exc.detail), request.url.path)

@@ -1,0 +1,178 @@
+"""The Redis session store: any API process sharing the Redis can serve any session."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from service.keys import Keys
+from service.store import LockTimeout, SessionMeta, Snapshot, StoreError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Compare-and-set on the step: a stale caller can never apply a step twice.
+COMMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then return 0 end
+if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
+redis.call('RPUSH', KEYS[4], ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'step', 1)
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+return 1
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+PUT_RECORD = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return false end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+
+def _translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Redis errors become StoreError here, once, so the service sees only its own errors."""
+
+    @wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+
+    return wrapper
+
+
+class RedisStore:
+    def __init__(self, url: str, ttl: float = 3600.0, prefix: str = "ef") -> None:
+        self.ttl = ttl
+        self.keys = Keys(prefix)
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5
+        )
+        self._commit = self.client.register_script(COMMIT)
+        self._release = self.client.register_script(RELEASE)
+        self._put_record = self.client.register_script(PUT_RECORD)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.ttl * 1000)
+
+    @_translated
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
+        k = self.keys.session(meta.session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(k.meta, mapping=meta.to_fields())
+            pipe.set(k.state, state)
+            pipe.set(k.initial, initial)
+            if trajectory:
+                pipe.rpush(k.trajectory, *trajectory)
+            for key in k.data():
+                pipe.pexpire(key, self._ttl_ms)
+            await pipe.execute()
+
+    @_translated
+    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
+        k = self.keys.session(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(k.meta)
+            pipe.get(k.state)
+            pipe.get(k.initial)
+            if trajectory:
+                pipe.lrange(k.trajectory, 0, -1)
+            for key in k.data():
+                pipe.pexpire(key, self._ttl_ms)
+            results: list[Any] = await pipe.execute()
+        meta, state, initial = results[0], results[1], results[2]
+        if not meta or state is None or initial is None:
+            return None
+        return Snapshot(
+            meta=SessionMeta.from_fields(meta),
+            state=state,
+            initial=initial,
+            expires_at=time.time() + self.ttl,
+            trajectory=list(results[3]) if trajectory else [],
+        )
+
+    @_translated
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+        k = self.keys.session(session_id)
+        outcome = await self._commit(
+            keys=[k.meta, k.state, k.initial, k.trajectory],
+            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms],
+        )
+        return int(outcome) == 1
+
+    @_translated
+    async def trajectory(self, session_id: str) -> list[str] | None:
+        k = self.keys.session(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.exists(k.meta)
+            pipe.lrange(k.trajectory, 0, -1)
+            for key in k.data():
+                pipe.pexpire(key, self._ttl_ms)
+            results: list[Any] = await pipe.execute()
+        return list(results[1]) if results[0] else None
+
+    @_translated
+    async def delete(self, session_id: str) -> bool:
+        k = self.keys.session(session_id)
+        removed = await self.client.delete(*k.data())
+        return int(removed) > 0
+
+    @asynccontextmanager
+    async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
+        key = self.keys.session(session_id).lock
+        token = secrets.token_hex(16)
+        deadline = time.monotonic() + wait
+        delay = 0.002
+        try:
+            while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        except RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        try:
+            yield
+        finally:
+            try:
+                await self._release(keys=[key], args=[token])
+            except RedisError:
+                pass  # the lease expires by itself
+
+    @_translated
+    async def put_record(self, kind: str, key: str, value: str) -> str | None:
+        existing = await self._put_record(keys=[self._record_key(kind)], args=[key, value])
+        return None if existing is None else str(existing)
+
+    @_translated
+    async def get_record(self, kind: str, key: str) -> str | None:
+        value = await self.client.hget(self._record_key(kind), key)
+        return None if value is None else str(value)
+
+    @_translated
+    async def all_records(self, kind: str) -> dict[str, str]:
+        return dict(await self.client.hgetall(self._record_key(kind)))
+
+    def _record_key(self, kind: str) -> str:
+        return {"environments": self.keys.environments, "scenarios": self.keys.scenarios}[kind]
+
+    @_translated
+    async def ping(self) -> None:
+        await self.client.ping()
+
+    async def close(self) -> None:
+        await self.client.aclose()

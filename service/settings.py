@@ -1,0 +1,51 @@
+"""All configuration, read once from the environment (prefix ``ENVFOUNDRY_``) and CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandbox.pool import Limits
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENVFOUNDRY_", extra="ignore")
+
+    catalogs: list[Path] = Field(default_factory=list, description="Catalog folders; empty means the bundled one.")
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ENVFOUNDRY_REDIS_URL", "REDIS_URL", "redis_url"),
+        description="Redis URL for sessions; unset means the in-process memory store.",
+    )
+    key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    sandbox: str = Field(default="process", description="Sandbox backend.")
+    workers: int = Field(default=4, ge=1, le=256, description="Sandbox worker processes.")
+    worker_uid_base: int = Field(default=61000, description="Workers run as uid base+slot when the service is root.")
+    worker_max_requests: int = Field(default=5000, ge=1, description="Requests before a worker is recycled.")
+    session_ttl: float = Field(default=3600.0, gt=0, description="Seconds an idle session lives.")
+    call_timeout: float = Field(default=10.0, gt=0, description="Wall time per tool call, seconds.")
+    check_timeout: float = Field(default=5.0, gt=0, description="Wall time per check function, seconds.")
+    memory_mb: int = Field(default=512, ge=32, description="Address-space limit per call, MiB.")
+    open_files: int = Field(default=64, ge=16)
+    processes: int = Field(default=0, ge=0, description="Extra processes a call may start.")
+    max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
+    max_result_bytes: int = Field(default=1 << 20, description="Size of a tool's JSON result.")
+    max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
+    max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
+    lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
+
+    def limits(self) -> Limits:
+        return Limits(
+            call_timeout=self.call_timeout,
+            check_timeout=self.check_timeout,
+            memory_mb=self.memory_mb,
+            open_files=self.open_files,
+            processes=self.processes,
+            output_bytes=self.max_output_bytes,
+            result_bytes=self.max_result_bytes,
+            state_bytes=self.max_state_bytes,
+        )

@@ -1,0 +1,102 @@
+"""The session store contract, shared by the memory and Redis implementations.
+
+A session is one ``SessionMeta`` record plus three blobs: the encoded current
+state, the encoded initial state (check functions see it as ``initial_state``)
+and the trajectory, a list of JSON step records. Every read or write of a
+session refreshes its idle TTL; an expired session is gone for every reader.
+
+Calls on one session are serialized by ``lock``; ``commit`` is additionally a
+compare-and-set on the step number, so even a caller whose lock lease ran out
+can never apply a step twice or on top of a state it did not read.
+"""
+
+from __future__ import annotations
+
+import secrets
+from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+
+class StoreError(Exception):
+    """The store is unreachable or answered unexpectedly."""
+
+
+class LockTimeout(StoreError):
+    """The session stayed busy with other calls for longer than the wait limit."""
+
+
+def new_session_id() -> str:
+    """128 random bits, URL-safe."""
+    return "ses_" + secrets.token_urlsafe(16)
+
+
+@dataclass
+class SessionMeta:
+    session_id: str
+    env_id: str
+    scenario_id: str | None
+    created_at: float
+    step: int = 0
+    parent_id: str | None = None
+
+    def to_fields(self) -> dict[str, str]:
+        return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_fields(cls, data: dict[str, str]) -> SessionMeta:
+        return cls(
+            session_id=data["session_id"],
+            env_id=data["env_id"],
+            scenario_id=data.get("scenario_id") or None,
+            created_at=float(data["created_at"]),
+            step=int(data["step"]),
+            parent_id=data.get("parent_id") or None,
+        )
+
+
+@dataclass
+class Snapshot:
+    meta: SessionMeta
+    state: str
+    initial: str
+    expires_at: float
+    trajectory: list[str] = field(default_factory=list)
+
+
+class SessionStore(Protocol):
+    ttl: float
+
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
+        """Store a new session."""
+
+    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
+        """Read a session consistently (meta, blobs and optionally trajectory at one step)."""
+
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+        """Append ``record``, advance the step and replace the state (unless None), atomically,
+        only if the session exists and is still at ``expected_step``."""
+
+    async def trajectory(self, session_id: str) -> list[str] | None:
+        """The session's step records, or None when it does not exist."""
+
+    async def delete(self, session_id: str) -> bool:
+        """Remove a session; False when it did not exist."""
+
+    def lock(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[None]:
+        """Hold the session's call lock; raise LockTimeout after ``wait`` seconds."""
+
+    async def put_record(self, kind: str, key: str, value: str) -> str | None:
+        """Store a catalog record unless ``key`` exists; return the existing value if it does."""
+
+    async def get_record(self, kind: str, key: str) -> str | None:
+        """A catalog record (``kind`` is 'environments' or 'scenarios')."""
+
+    async def all_records(self, kind: str) -> dict[str, str]:
+        """Every catalog record of ``kind``."""
+
+    async def ping(self) -> None:
+        """Raise StoreError when the store is unreachable."""
+
+    async def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,64 @@
+"""``envfoundry catalog validate``: load every package and replay every reference solution in the sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.pool import WorkerPool
+from service.catalog import Catalog, CatalogError
+from service.memory_store import MemoryStore
+from service.problems import ServiceError
+from service.registry import Registry, env_code
+from service.sessions import Sessions
+
+
+@dataclass
+class Report:
+    environments: int = 0
+    scenarios: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
+    report = Report()
+    catalog = Catalog()
+    for folder in folders:
+        try:
+            catalog.load_dir(folder)
+        except CatalogError as exc:
+            report.problems.append(f"{exc.path or folder}: {exc.message}")
+            return report
+    report.environments = len(catalog.environments)
+    report.scenarios = len(catalog.scenarios)
+    store = MemoryStore()
+    sessions = Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60)
+    for env in catalog.environments.values():
+        failure = await pool.validate(env_code(env))
+        if failure:
+            report.problems.append(f"{env.env_id}: {failure['kind']}: {failure['message']}")
+    for scenario in sorted(catalog.scenarios.values(), key=lambda s: s.scenario_id):
+        where = f"{scenario.env_id}/{scenario.scenario_id}"
+        if scenario.reference_solution is None:
+            report.problems.append(f"{where}: no reference_solution")
+            continue
+        try:
+            created = await sessions.create(scenario.scenario_id, None, None)
+            sid = created.meta.session_id
+            for i, call in enumerate(scenario.reference_solution):
+                step = await sessions.call(sid, call.name, call.arguments)
+                if not step["ok"]:
+                    report.problems.append(f"{where}: reference_solution[{i}] {call.name}: {step['observation']}")
+            score = await sessions.score(sid)
+        except ServiceError as exc:
+            report.problems.append(f"{where}: {exc.detail}")
+            continue
+        for check in score["checks"]:
+            if not check["passed"]:
+                reason = f" ({check['error']})" if check["error"] else ""
+                report.problems.append(f"{where}: check not passed after the reference solution: {check['item']}{reason}")
+    return report
