@@ -209,7 +209,7 @@ class WorkerPool:
             None,
             self.limits.load_timeout,
         )
-        return None if answer.get("ok") else dict(answer["error"])
+        return None if answer.get("ok") else dict(answer["failure"])
 
     async def init_state(self, env: EnvCode, init_config: dict[str, Any]) -> str:
         answer = await self.request(

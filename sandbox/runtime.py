@@ -6,7 +6,7 @@ Requests (all carry ``id``; those about an environment carry ``env`` = its code 
 - ``init``      {env, init_config}               -> {state}
 - ``call``      {env, state, name, arguments}    -> {ok, result, error, state|None, diff}
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
-- ``validate``  {env_id, class_name, code}       -> {ok, error: {kind, message, line}}
+- ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
 
 Standard library only.
 """
@@ -178,15 +178,15 @@ class Runtime:
                     "validate", request["env_id"], request["class_name"], request["code"], timeout, 1 << 20
                 )
             except Failure as exc:
-                return {"ok": False, "error": {"kind": exc.kind, "message": exc.message}}
+                return {"ok": False, "failure": {"kind": exc.kind, "message": exc.message}}
             try:
                 instance = instantiate(cls, {})
             except BaseException as exc:
-                return {"ok": False, "error": {"kind": "init_error", "message": _describe(exc)}}
+                return {"ok": False, "failure": {"kind": "init_error", "message": _describe(exc)}}
             try:
                 codec.encode_state(public_state(instance), "ef_env_validate")
             except codec.CodecError as exc:
-                return {"ok": False, "error": {"kind": "state_error", "message": f"initial state: {exc}"}}
+                return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
             return {"ok": True}
 
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))

@@ -1,0 +1,150 @@
+"""Shared fixtures: a real Redis, real sandbox workers, a real uvicorn server."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = ROOT / "catalog"
+FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """REDIS_URL or the machine's Redis on 6379; failing both, a redis-server of our own."""
+    for url in (os.environ.get("REDIS_URL"), "redis://127.0.0.1:6379/0"):
+        if url and _reachable(url):
+            yield url
+            return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("no Redis reachable and no redis-server binary to start one (apt-get install redis-server)")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while not _reachable(url):
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("redis-server did not start")
+        time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def key_prefix(redis_url: str) -> Iterator[str]:
+    """A key namespace of the test's own; its keys are removed afterwards (never FLUSHDB)."""
+    prefix = f"eftest-{secrets.token_hex(4)}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
+                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), workers: int = 2) -> Server:
+    port = free_port()
+    log = tmp / f"server-{port}.log"
+    args = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
+    for folder in catalogs:
+        args += ["--catalog", str(folder)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENVFOUNDRY_") and k != "REDIS_URL"}
+    if redis_url:
+        args += ["--redis", redis_url]
+    env.update(extra_env or {})
+    with log.open("wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real uvicorn server on a free port, once per store."""
+    tmp = tmp_path_factory.mktemp("server")
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = f"eftest-{secrets.token_hex(4)}"
+        srv = start_server(tmp, redis_url=url, extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})
+    else:
+        srv = start_server(tmp)
+    yield srv
+    srv.stop()
+    if request.param == "redis":
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as http:
+        yield http
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

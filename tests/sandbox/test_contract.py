@@ -1,0 +1,279 @@
+"""The sandbox contract, run against every backend: isolation, atomic calls, limits, containment."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from sandbox.pool import EnvCode, Limits, WorkerPool
+from service.catalog import Catalog
+from tests.conftest import FIXTURES
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = ["process"]
+
+
+def _probe() -> EnvCode:
+    catalog = Catalog()
+    catalog.load_dir(FIXTURES)
+    env = catalog.environments["probe"]
+    return EnvCode(env.code_hash, env.env_id, env.class_name, env.code)
+
+
+PROBE = _probe()
+
+
+def make_backend(name: str) -> Any:
+    if name == "process":
+        from sandbox.process import ProcessBackend
+
+        return ProcessBackend()
+    raise ValueError(name)
+
+
+@pytest.fixture(params=BACKENDS)
+def pool_factory(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    @asynccontextmanager
+    async def make(size: int = 2, **limits: Any) -> AsyncIterator[WorkerPool]:
+        defaults = {"call_timeout": 3.0, "check_timeout": 2.0, "memory_mb": 256}
+        pool = WorkerPool(make_backend(request.param), size, Limits(**{**defaults, **limits}))
+        await pool.start()
+        try:
+            yield pool
+        finally:
+            await pool.close()
+
+    return make
+
+
+async def _state(pool: WorkerPool, config: dict[str, Any] | None = None) -> str:
+    return await pool.init_state(PROBE, config or {"counter": 0})
+
+
+async def test_calls_return_results_and_new_state(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        state = await _state(pool)
+        out = await pool.call(PROBE, state, "increment", {"by": 2})
+        assert out.ok and out.result == {"success": True, "data": 2}
+        assert json.loads(out.state)["counter"] == 2
+        assert out.diff["changed"] == [{"path": "/counter", "old": 0, "new": 2}]
+
+
+async def test_read_only_call_reports_no_state_change(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "get_counter", {})
+        assert out.ok and out.result == 0 and out.state is None
+
+
+async def test_no_leakage_through_class_attributes_globals_or_builtins(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        polluted = await pool.call(PROBE, state, "pollute", {"value": "secret-of-session-a"})
+        assert polluted.ok
+        seen = await pool.call(PROBE, state, "observe", {})
+        assert seen.ok
+        assert seen.result["shared"] == []
+        assert seen.result["loads"] == 1
+        assert seen.result["polluted"] is None
+
+
+async def test_class_is_compiled_once_per_worker(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        first = await pool.call(PROBE, state, "observe", {})
+        for _ in range(5):
+            again = await pool.call(PROBE, state, "observe", {})
+            assert again.result["loads"] == 1  # module code did not run again
+            assert again.result["worker"] == first.result["worker"]  # same warm worker, no new process
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "error_type", "fragment"),
+    [
+        ("fail_after_change", {}, "tool_exception", "RuntimeError: broke halfway"),
+        ("spin", {}, "timeout", "longer than"),
+        ("hog_memory", {}, "resource_limit", "memory"),
+        ("exit_process", {}, "tool_exception", "exit status 7"),
+        ("segfault", {}, "tool_exception", "SIGSEGV"),
+        ("shout", {"megabytes": 5}, "resource_limit", "printed more than"),
+        ("big_result", {"megabytes": 5}, "resource_limit", "result"),
+        ("store_unserializable", {}, "tool_exception", "cannot be serialized"),
+    ],
+)
+async def test_a_failing_call_is_contained_and_changes_nothing(
+    pool_factory: Any, tool: str, arguments: dict[str, Any], error_type: str, fragment: str
+) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool, {"counter": 41})
+        out = await pool.call(PROBE, state, tool, arguments)
+        assert not out.ok
+        assert out.error is not None and out.error["type"] == error_type
+        assert fragment in out.error["message"]
+        assert out.state is None  # all or nothing: the caller keeps the old state
+        after = await pool.call(PROBE, state, "increment", {"by": 1})
+        assert after.ok and json.loads(after.state)["counter"] == 42
+
+
+async def test_a_killed_worker_is_replaced(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        worker = await pool._idle.get()
+        pid = worker.channel.process.pid if hasattr(worker.channel, "process") else None
+        pool._idle.put_nowait(worker)
+        if pid is None:
+            pytest.skip("backend exposes no process to kill")
+        os.kill(pid, 9)
+        lost = await pool.call(PROBE, state, "increment", {})
+        assert not lost.ok and lost.error["type"] == "sandbox_error"
+        out = await pool.call(PROBE, state, "increment", {})
+        assert out.ok
+        assert pool.replaced == 1
+
+
+async def test_other_calls_proceed_while_one_hangs(pool_factory: Any) -> None:
+    import anyio
+
+    async with pool_factory(size=2, call_timeout=2.0) as pool:
+        state = await _state(pool)
+        results: dict[str, Any] = {}
+
+        async def hang() -> None:
+            results["hang"] = await pool.call(PROBE, state, "spin", {})
+
+        async def quick() -> None:
+            await anyio.sleep(0.2)
+            results["quick"] = await pool.call(PROBE, state, "increment", {})
+            results["quick_done_before_hang"] = "hang" not in results
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hang)
+            tg.start_soon(quick)
+        assert results["quick"].ok and results["quick_done_before_hang"]
+        assert results["hang"].error["type"] == "timeout"
+
+
+async def test_network_is_unreachable(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "connect", {"host": "127.0.0.1", "port": 6379})
+        assert not out.ok and "connected" != out.result
+        assert out.error["type"] == "tool_exception"
+
+
+@pytest.mark.parametrize("path", ["/work/escape.txt", "/etc/escape.txt", "/var/tmp/escape.txt", "/root/escape.txt"])
+async def test_no_writes_outside_the_private_temp_dir(pool_factory: Any, path: str) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "write_file", {"path": path})
+        assert not out.ok, f"wrote {path}"
+        assert not os.path.exists(path)
+
+
+async def test_private_temp_dir_is_writable_and_not_the_hosts(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        name = f"/tmp/ef-sandbox-probe-{os.getpid()}"
+        out = await pool.call(PROBE, await _state(pool), "write_file", {"path": name})
+        assert out.ok
+        assert not os.path.exists(name)
+
+
+async def test_service_environment_is_invisible(pool_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://secret-host:6379")
+    monkeypatch.setenv("ENVFOUNDRY_API_KEY", "sk-secret")
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "read_env", {})
+        assert out.ok
+        assert "REDIS_URL" not in out.result and "ENVFOUNDRY_API_KEY" not in out.result
+        proc = await pool.call(PROBE, await _state(pool), "read_file", {"path": f"/proc/{os.getpid()}/environ"})
+        assert not proc.ok or "secret" not in str(proc.result)
+
+
+async def test_runs_as_an_unprivileged_user(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "whoami", {})
+        assert out.ok
+        if os.geteuid() == 0:
+            assert out.result[0] != 0 and out.result[1] != 0
+        assert pool.containment["missing"] == {} or os.geteuid() != 0
+
+
+async def test_processes_are_limited(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "fork_bomb", {})
+        if os.geteuid() == 0:
+            assert not out.ok and "Resource temporarily unavailable" in out.error["message"]
+
+
+async def test_unknown_and_private_tools_are_refused(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        state = await _state(pool)
+        for name in ("_private_helper", "__init__", "total", "counter", "nope"):
+            out = await pool.call(PROBE, state, name, {})
+            assert not out.ok and out.error["type"] == "unknown_tool", name
+
+
+async def test_wrong_argument_names_are_invalid_arguments(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "increment", {"step": 1})
+        assert not out.ok and out.error["type"] == "invalid_arguments" and "step" in out.error["message"]
+
+
+async def test_rich_state_round_trips_between_calls(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        stored = await pool.call(PROBE, await _state(pool), "store_rich", {})
+        assert stored.ok
+        out = await pool.call(PROBE, stored.state, "inspect_rich", {})
+        assert out.result == {
+            "set": "set", "tuple": "tuple", "when": "datetime", "day": "date", "note": "Note",
+            "note_is_env_class": True, "note_text": "hello", "frozenset": "frozenset", "int_key": "int key",
+            "equal": True,
+        }
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("set", ["a", "b"]), ("bytes", "base64:/wFyYXc="),
+                                                ("object", {"__type__": "Note", "text": "n"})])
+async def test_non_json_results_get_a_json_view(pool_factory: Any, kind: str, expected: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "return_odd", {"kind": kind})
+        assert out.ok and out.result == expected
+
+
+async def test_checks_report_each_failure_with_its_reason(pool_factory: Any) -> None:
+    async with pool_factory(check_timeout=1.0) as pool:
+        state = await _state(pool, {"counter": 5})
+        checks = [
+            "def check_func(final_state):\n    return final_state['counter'] == 5",
+            "def check_func(final_state):\n    return 1",
+            "def check_func(final_state):\n    return final_state['missing']",
+            "def other(final_state):\n    return True",
+            "def check_func(final_state):\n    while True:\n        pass",
+            "def check_func(final_state):\n    import os\n    os._exit(1)",
+            "def check_func(final_state):\n    return initial_state['counter'] == 5",
+        ]
+        results = await pool.score(PROBE, state, state, checks)
+        assert [r["passed"] for r in results] == [True, False, False, False, False, False, True]
+        assert "expected bool" in results[1]["error"]
+        assert "KeyError" in results[2]["error"]
+        assert "check_func" in results[3]["error"]
+        assert "timeout" in results[4]["error"]
+        assert "exit status" in results[5]["error"]
+
+
+async def test_validate_reports_why_code_is_unusable(pool_factory: Any) -> None:
+    cases = {
+        "syntax_error": "class A:\n    def f(self)\n        pass\n",
+        "missing_class": "class B:\n    pass\n",
+        "init_error": "class A:\n    def __init__(self, config=None):\n        raise ValueError('bad init')\n",
+        "import_error": "import no_such_module_xyz\nclass A:\n    pass\n",
+    }
+    async with pool_factory() as pool:
+        for kind, code in cases.items():
+            failure = await pool.validate(EnvCode(kind, "bad", "A", code))
+            assert failure is not None and failure["kind"] == kind, (kind, failure)
+        assert await pool.validate(EnvCode("ok", "ok", "A", "class A:\n    pass\n")) is None
+        # the pool still works after all that
+        assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok

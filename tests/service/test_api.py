@@ -1,0 +1,336 @@
+"""REST API v1 over real HTTP, against a real uvicorn server on each session store."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from service.problems import MEDIA_TYPE
+
+
+def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(MEDIA_TYPE)
+    body: dict[str, Any] = response.json()
+    assert body["type"] == f"urn:envfoundry:problem:{slug}"
+    assert body["status"] == status and body["detail"]
+    return body
+
+
+def new_session(client: httpx.Client, **body: Any) -> str:
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["session_id"])
+
+
+def call(client: httpx.Client, sid: str, name: str, arguments: Any = None) -> dict[str, Any]:
+    response = client.post(f"/v1/sessions/{sid}/calls", json={"name": name, "arguments": arguments or {}})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def state(client: httpx.Client, sid: str) -> dict[str, Any]:
+    return dict(client.get(f"/v1/sessions/{sid}/state").json())
+
+
+def test_healthz(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_lists_environments_with_counts(client: httpx.Client) -> None:
+    envs = {e["env_id"]: e for e in client.get("/v1/environments").json()["environments"]}
+    assert {"library_circulation", "online_store_orders", "probe"} <= set(envs)
+    lib = envs["library_circulation"]
+    assert lib["class_name"] == "LibraryCirculationSystem" and lib["tool_count"] >= 8 and lib["scenario_count"] >= 3
+
+
+def test_environment_detail_has_openai_tool_schemas(client: httpx.Client) -> None:
+    detail = client.get("/v1/environments/probe").json()
+    assert detail["rules"] == ["Item ids are unique."]
+    names = {t["function"]["name"] for t in detail["tools"]}
+    assert "add_item" in names and "_private_helper" not in names and "total" not in names
+    add = next(t for t in detail["tools"] if t["function"]["name"] == "add_item")
+    assert add["type"] == "function"
+    assert add["function"]["parameters"]["required"] == ["item_id", "name"]
+
+
+def test_unknown_environment_scenario_and_session_are_404(client: httpx.Client) -> None:
+    problem(client.get("/v1/environments/nope"), 404, "not-found")
+    problem(client.get("/v1/environments/nope/scenarios"), 404, "not-found")
+    problem(client.get("/v1/scenarios/nope"), 404, "not-found")
+    problem(client.post("/v1/sessions", json={"scenario_id": "nope"}), 404, "not-found")
+    problem(client.post("/v1/sessions", json={"env_id": "nope"}), 404, "not-found")
+    for method, path in [("GET", ""), ("GET", "/tools"), ("GET", "/state"), ("GET", "/trajectory"),
+                         ("POST", "/score"), ("POST", "/fork"), ("DELETE", "")]:
+        problem(client.request(method, f"/v1/sessions/ses_missing{path}"), 404, "not-found")
+    problem(client.post("/v1/sessions/ses_missing/calls", json={"name": "x"}), 404, "not-found")
+
+
+def test_whole_episode_with_the_reference_solution_scores_one(client: httpx.Client) -> None:
+    scenarios = client.get("/v1/environments/library_circulation/scenarios").json()["scenarios"]
+    assert scenarios
+    for summary in scenarios:
+        scenario = client.get(f"/v1/scenarios/{summary['scenario_id']}").json()
+        created = client.post("/v1/sessions", json={"scenario_id": scenario["scenario_id"]}).json()
+        assert created["task"] == scenario["task"] and created["tools"]
+        sid = created["session_id"]
+        before = client.post(f"/v1/sessions/{sid}/score").json()
+        assert before["reward"] < 1.0
+        for i, step in enumerate(scenario["reference_solution"], start=1):
+            result = call(client, sid, step["name"], step["arguments"])
+            assert result["ok"] and result["step"] == i and result["error"] is None
+            assert isinstance(result["observation"], str)
+        score = client.post(f"/v1/sessions/{sid}/score").json()
+        assert score == {**score, "reward": 1.0, "passed": score["total"]}
+        info = client.get(f"/v1/sessions/{sid}").json()
+        assert info["steps"] == len(scenario["reference_solution"]) and info["expires_at"] > info["created_at"]
+        trajectory = client.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
+        assert [s["name"] for s in trajectory] == [s["name"] for s in scenario["reference_solution"]]
+
+
+def test_scoring_does_not_end_or_change_the_session(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="probe-001")
+    call(client, sid, "add_item", {"item_id": "A1", "name": "Apple", "qty": 2})
+    before = state(client, sid)
+    first = client.post(f"/v1/sessions/{sid}/score").json()
+    assert (first["passed"], first["total"]) == (2, 3)
+    assert state(client, sid) == before
+    call(client, sid, "increment", {"by": 3})
+    assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
+
+
+def test_a_scenario_without_checks_scores_null(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="probe-no-checks")
+    assert client.post(f"/v1/sessions/{sid}/score").json() == {"reward": None, "passed": 0, "total": 0, "checks": []}
+
+
+def test_misbehaving_checks_fail_with_reasons(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="probe-bad-checks")
+    score = client.post(f"/v1/sessions/{sid}/score").json()
+    outcome = {c["item"]: (c["passed"], c["error"]) for c in score["checks"]}
+    assert outcome["passes"] == (True, None)
+    assert outcome["returns non-bool"][0] is False and "expected bool" in outcome["returns non-bool"][1]
+    assert outcome["raises"][0] is False and "KeyError" in outcome["raises"][1]
+    assert outcome["no check_func"][0] is False and "check_func" in outcome["no check_func"][1]
+    assert outcome["loops"][0] is False and "timeout" in outcome["loops"][1]
+    assert outcome["sees mutation?"] == (True, None)  # a check cannot change what the next one sees
+    assert score["passed"] == 3 and score["total"] == 7
+
+
+def test_session_from_env_and_init_config(client: httpx.Client) -> None:
+    created = client.post("/v1/sessions", json={"env_id": "probe", "init_config": {"counter": 10}}).json()
+    assert created["scenario_id"] is None and created["task"] is None
+    assert state(client, created["session_id"])["state"]["counter"] == 10
+
+
+def test_tool_failures_are_observations_and_lose_nothing(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe", init_config={"counter": 1})
+    before = state(client, sid)["state"]
+    cases = [
+        ("no_such_tool", {}, "unknown_tool"),
+        ("_private_helper", {}, "unknown_tool"),
+        ("increment", {"by": "three"}, "invalid_arguments"),
+        ("increment", {"step": 1}, "invalid_arguments"),
+        ("add_item", {"item_id": "x"}, "invalid_arguments"),
+        ("increment", "{not json", "invalid_arguments"),
+        ("increment", "[1, 2]", "invalid_arguments"),
+        ("fail_after_change", {}, "tool_exception"),
+        ("store_unserializable", {}, "tool_exception"),
+    ]
+    for step, (name, arguments, kind) in enumerate(cases, start=1):
+        result = call(client, sid, name, arguments)
+        assert result["ok"] is False and result["error"]["type"] == kind, (name, result)
+        assert result["step"] == step and result["observation"].startswith(f"Error ({kind})")
+        assert state(client, sid)["state"] == before
+    wrong_type = call(client, sid, "increment", {"by": "three"})
+    assert "by" in wrong_type["error"]["message"]
+    assert call(client, sid, "increment", '{"by": 2}')["ok"]  # a JSON string, as OpenAI tool calls carry
+    assert state(client, sid)["state"]["counter"] == 3
+
+
+def test_non_json_results_and_rich_state_have_json_views(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    assert call(client, sid, "return_odd", {"kind": "set"})["result"] == ["a", "b"]
+    assert call(client, sid, "return_odd", {"kind": "object"})["result"] == {"__type__": "Note", "text": "n"}
+    assert call(client, sid, "store_rich")["ok"]
+    rich = state(client, sid)["state"]["rich"]
+    assert rich["set"] == [1, 2, 3] and rich["tuple"] == [1, "a"] and rich["when"] == "2024-05-01T12:30:00"
+    assert rich["note"] == {"__type__": "Note", "text": "hello"} and rich["7"] == "int key"
+    assert call(client, sid, "inspect_rich")["result"]["equal"] is True
+
+
+def test_trajectory_records_diffs(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe", init_config={"counter": 0, "items": {}})
+    call(client, sid, "add_item", {"item_id": "A", "name": "a"})
+    call(client, sid, "increment", {"by": 5})
+    call(client, sid, "get_counter")
+    steps = client.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[0]["diff"]["added"] == [{"path": "/items/A", "value": {"name": "a", "qty": 1}}]
+    assert steps[1]["diff"]["changed"] == [{"path": "/counter", "old": 0, "new": 5}]
+    assert steps[2]["diff"] == {"added": [], "removed": [], "changed": []} and steps[2]["result"] == 5
+
+
+def test_fork_copies_state_and_trajectory_then_diverges(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe", init_config={"counter": 0})
+    call(client, sid, "increment", {"by": 1})
+    fork = client.post(f"/v1/sessions/{sid}/fork")
+    assert fork.status_code == 201
+    child = fork.json()["session_id"]
+    assert child != sid
+    assert client.get(f"/v1/sessions/{child}").json()["parent_id"] == sid
+    assert len(client.get(f"/v1/sessions/{child}/trajectory").json()["steps"]) == 1
+    call(client, child, "increment", {"by": 10})
+    call(client, sid, "increment", {"by": 100})
+    assert state(client, child)["state"]["counter"] == 11
+    assert state(client, sid)["state"]["counter"] == 101
+    assert call(client, child, "get_counter")["step"] == 3
+
+
+def test_delete_then_404(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    problem(client.get(f"/v1/sessions/{sid}"), 404, "not-found")
+    problem(client.delete(f"/v1/sessions/{sid}"), 404, "not-found")
+
+
+def test_concurrent_calls_on_one_session_apply_exactly_once(client: httpx.Client, server: Any) -> None:
+    sid = new_session(client, env_id="probe", init_config={"counter": 0})
+
+    def one(_: int) -> dict[str, Any]:
+        with server.client() as own:
+            return call(own, sid, "increment", {"by": 1})
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(one, range(24)))
+    assert all(r["ok"] for r in results)
+    assert sorted(r["step"] for r in results) == list(range(1, 25))
+    assert sorted(r["result"]["data"] for r in results) == list(range(1, 25))
+    assert state(client, sid) == {"step": 24, "state": {**state(client, sid)["state"], "counter": 24}}
+
+
+def test_malformed_bodies_name_the_field(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    body = problem(client.post(f"/v1/sessions/{sid}/calls", json={"arguments": {}}), 422, "invalid-request")
+    assert body["errors"][0]["field"] == "name"
+    body = problem(client.post(f"/v1/sessions/{sid}/calls", json={"name": "x", "arguments": 5}), 422,
+                   "invalid-request")
+    assert any(e["field"].startswith("arguments") for e in body["errors"])
+    problem(client.post("/v1/sessions", json={"scenario_id": "probe-001", "env_id": "probe"}), 422,
+            "invalid-request")
+    problem(client.post("/v1/sessions", json={}), 422, "invalid-request")
+    problem(client.post("/v1/sessions", content=b"{not json", headers={"content-type": "application/json"}), 422,
+            "invalid-request")
+    body = problem(client.post("/v1/environments", json={"env_id": "x y", "class_name": "A", "code": "x"}), 422,
+                   "invalid-request")
+    assert body["errors"][0]["field"] == "env_id"
+
+
+def test_oversized_body_is_413_and_the_service_keeps_working(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    payload = b'{"name": "increment", "arguments": {"by": "' + b"9" * (50 << 20) + b'"}}'
+    body = problem(client.post(f"/v1/sessions/{sid}/calls", content=payload,
+                               headers={"content-type": "application/json"}), 413, "payload-too-large")
+    assert body["limit"] > 0
+    assert client.get(f"/v1/sessions/{sid}").json()["steps"] == 0
+    assert call(client, sid, "increment")["ok"]
+
+
+ENV_CODE = '''
+class Wallet:
+    def __init__(self):
+        self.balance = 0
+
+    def deposit(self, amount: int) -> dict:
+        """Deposit money.
+
+        Args:
+            amount: Positive amount.
+        """
+        if amount <= 0:
+            return {"success": False, "error": "amount must be positive"}
+        self.balance += amount
+        return {"success": True, "data": self.balance}
+'''
+
+
+def test_create_environment_and_scenario_then_play(client: httpx.Client, server: Any) -> None:
+    env_id = f"wallet-{server.url.rsplit(':', 1)[-1]}"
+    created = client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet", "code": ENV_CODE,
+                                                     "summary": "A wallet", "rules": ["No overdrafts."]})
+    assert created.status_code == 201, created.text
+    assert [t["function"]["name"] for t in created.json()["tools"]] == ["deposit"]
+    again = client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet", "code": ENV_CODE})
+    assert again.status_code == 201
+    problem(client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet",
+                                                  "code": ENV_CODE + "\n# changed\n"}), 409, "conflict")
+    scenario = client.post("/v1/scenarios", json={
+        "env_id": env_id, "task": "Deposit 5.", "init_config": {"balance": 1},
+        "checklist": [{"item": "balance is 6", "check": "def check_func(final_state):\n"
+                       "    return final_state['balance'] == 6"}],
+    })
+    assert scenario.status_code == 201, scenario.text
+    scenario_id = scenario.json()["scenario_id"]
+    assert client.get(f"/v1/scenarios/{scenario_id}").json()["checklist"][0]["item"] == "balance is 6"
+    sid = new_session(client, scenario_id=scenario_id)
+    assert call(client, sid, "deposit", {"amount": 5})["result"] == {"success": True, "data": 6}
+    assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "fragment"),
+    [
+        ("class Bad:\n    def f(self)\n        pass\n", "syntax_error", "line 2"),
+        ("class Other:\n    pass\n", "missing_class", "Bad"),
+        ("class Bad:\n    def __init__(self, config=None):\n        raise ValueError('no')\n", "init_error", "no"),
+        ("import no_such_module_qq\nclass Bad:\n    pass\n", "import_error", "no_such_module_qq"),
+    ],
+)
+def test_invalid_environment_code_is_422_with_the_reason(client: httpx.Client, code: str, reason: str,
+                                                         fragment: str) -> None:
+    body = problem(client.post("/v1/environments", json={"env_id": f"bad-{reason}", "class_name": "Bad",
+                                                         "code": code}), 422, "invalid-environment")
+    assert body["reason"] == reason and fragment in body["detail"]
+    problem(client.get(f"/v1/environments/bad-{reason}"), 404, "not-found")
+
+
+def test_scenario_creation_errors(client: httpx.Client) -> None:
+    problem(client.post("/v1/scenarios", json={"env_id": "nope", "task": "t"}), 404, "not-found")
+    body = problem(client.post("/v1/scenarios", json={
+        "env_id": "probe", "task": "t",
+        "checklist": [{"item": "bad", "check": "def check_func(final_state)\n    return True"}],
+    }), 422, "invalid-request")
+    assert "checklist[0]" in body["detail"] and "line 1" in body["detail"]
+    problem(client.post("/v1/scenarios", json={"scenario_id": "probe-001", "env_id": "probe", "task": "other"}),
+            409, "conflict")
+
+
+FRAGILE = """
+class Fragile:
+    def __init__(self, config=None):
+        if (config or {}).get("explode"):
+            raise RuntimeError("exploded on init")
+        self.value = 1
+
+    def read(self) -> int:
+        return self.value
+"""
+
+
+def test_an_init_config_that_breaks_the_environment_is_422(client: httpx.Client) -> None:
+    created = client.post("/v1/environments", json={"env_id": "fragile", "class_name": "Fragile", "code": FRAGILE})
+    assert created.status_code == 201, created.text
+    body = problem(client.post("/v1/sessions", json={"env_id": "fragile", "init_config": {"explode": True}}), 422,
+                   "invalid-environment")
+    assert "exploded on init" in body["detail"]
+    assert client.post("/v1/sessions", json={"env_id": "fragile"}).status_code == 201
+
+
+def test_openapi_served(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "/v1/sessions/{session_id}/calls" in spec["paths"]
+    assert json.dumps(spec)
