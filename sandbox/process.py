@@ -1,13 +1,14 @@
 """The process backend: each worker is a local OS process that confines itself.
 
-The service runs as root in production images and on CI here, so each worker
-gets a uid of its own (``uid_base + slot``), which also makes the kernel's
-per-uid process limit a per-worker one.
+When the service runs as root, each worker gets a uid of its own (see
+``UidAllocator``), which also makes the kernel's per-uid process limit a
+per-worker one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -44,15 +45,72 @@ class ProcessChannel:
         await self.process.wait()
 
 
+class UidAllocator:
+    """Hands each worker slot a uid no other worker on this host holds.
+
+    Several services (replicas, test runs) may share a host; the kernel counts
+    processes per uid, so a shared uid would let one service's workers use up
+    another's process limit. A uid is held by an flock on a file named after
+    it, which the kernel releases when this process dies, however it dies.
+    """
+
+    def __init__(self, base: int, span: int = 4096, folder: str = "/run/lock/envfoundry-uids") -> None:
+        self.base = base
+        self.span = span
+        self.folder = folder
+        self.held: dict[int, tuple[int, int]] = {}  # slot -> (uid, fd)
+
+    def uid_for(self, slot: int) -> int:
+        if slot in self.held:
+            return self.held[slot][0]
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        for uid in range(self.base, self.base + self.span):
+            fd = os.open(os.path.join(self.folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if _uid_has_processes(uid):
+                # Left over from a service that was killed: its workers may
+                # linger as zombies, which still count against the limit.
+                os.close(fd)
+                continue
+            self.held[slot] = (uid, fd)
+            return uid
+        raise RuntimeError(f"no free sandbox uid in {self.base}..{self.base + self.span - 1}")
+
+    def release(self) -> None:
+        for _, fd in self.held.values():
+            os.close(fd)
+        self.held.clear()
+
+
+def _uid_has_processes(uid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="ascii", errors="replace") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            return True
+                        break
+        except OSError:
+            continue
+    return False
+
+
 class ProcessBackend:
     name = "process"
 
     def __init__(self, python: str | None = None, uid_base: int = 61000) -> None:
         self.python = python or sys.executable
-        self.uid_base = uid_base
+        self.uids = UidAllocator(uid_base)
 
     async def spawn(self, slot: int, limits: Limits) -> Channel:
-        uid = self.uid_base + slot
+        uid = self.uids.uid_for(slot) if os.geteuid() == 0 else os.getuid()
         process = await asyncio.create_subprocess_exec(
             self.python, "-S", "-E", "-s", "-B", str(WORKER),
             "--uid", str(uid), "--gid", str(uid),
@@ -71,8 +129,4 @@ class ProcessBackend:
         return ProcessChannel(process)
 
     async def close(self) -> None:
-        return None
-
-
-def available() -> bool:
-    return os.name == "posix"
+        self.uids.release()

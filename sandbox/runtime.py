@@ -29,7 +29,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sandbox import codec
+from sandbox import codec, contain
 
 # Error types shared with the service's API contract.
 UNKNOWN_TOOL = "unknown_tool"
@@ -264,6 +264,7 @@ class Runtime:
     ) -> dict[str, Any]:
         """Run ``run`` in a fork of this worker and return its answer, or an error describing its end."""
         read_fd, write_fd = os.pipe()
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as exc:
@@ -272,6 +273,9 @@ class Runtime:
             raise Failure(SANDBOX_ERROR, f"cannot fork a call process: {exc}") from None
         if pid == 0:  # pragma: no cover - runs in the fork
             os.close(read_fd)
+            contain.die_with_parent()  # a fork must never outlive a killed worker
+            if os.getppid() != parent:
+                os._exit(1)
             self._child(run, write_fd, timeout)
         os.close(write_fd)
         return self._collect(pid, read_fd, timeout, result_bytes)

@@ -79,6 +79,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def openapi_text() -> str:
+    """The committed contract: the app's OpenAPI document, stably formatted."""
+    import json
+
+    from service.app import create_app
+
+    return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    text = openapi_text()
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="envfoundry", description="Serve stateful tool environments to LLM agents.")
     sub = root.add_subparsers(dest="command", required=True)
@@ -108,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--envs-out", required=True, metavar="ENVS.json")
     exp.add_argument("--scenarios-out", required=True, metavar="SCENARIOS.json")
     exp.set_defaults(run=cmd_export)
+    spec = sub.add_parser("openapi", help="print the OpenAPI document (openapi/openapi.json is this output)")
+    spec.add_argument("--out", metavar="FILE")
+    spec.set_defaults(run=cmd_openapi)
     return root
 
 

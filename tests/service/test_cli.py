@@ -1,0 +1,68 @@
+"""The envfoundry command as users run it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import BUNDLED, ROOT
+
+ENVSCALER = ROOT / "tests" / "fixtures" / "envscaler"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+def test_validate_passes_on_the_bundled_catalog() -> None:
+    result = run("catalog", "validate", str(BUNDLED))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("0 problems")
+    summary = result.stdout.strip().splitlines()[-1]
+    envs, scenarios = int(summary.split()[0]), int(summary.split()[2])
+    assert envs >= 2 and scenarios >= 6
+
+
+def test_validate_reports_a_reference_solution_that_misses_a_check(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    shutil.copytree(BUNDLED / "library_circulation", catalog / "library_circulation")
+    path = catalog / "library_circulation" / "scenarios.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines[0]["reference_solution"] = lines[0]["reference_solution"][:-1]
+    lines[1]["reference_solution"].append({"name": "no_such_tool", "arguments": {}})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run("catalog", "validate", str(catalog))
+    assert result.returncode == 1
+    assert f"{lines[0]['scenario_id']}: check not passed" in result.stdout
+    assert "unknown_tool" in result.stdout
+
+
+def test_validate_reports_a_package_that_does_not_load(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(BUNDLED / "online_store_orders", broken / "online_store_orders")
+    (broken / "online_store_orders" / "env.py").write_text("class OnlineStoreOrderSystem(:\n")
+    result = run("catalog", "validate", str(broken))
+    assert result.returncode == 1
+    assert "syntax error at line 1" in result.stdout + result.stderr
+
+
+def test_import_then_export_envscaler_json(tmp_path: Path) -> None:
+    out = tmp_path / "packages"
+    imported = run("catalog", "import-envscaler", str(ENVSCALER / "envs.json"), str(ENVSCALER / "scenarios.json"),
+                   "--out", str(out))
+    assert imported.returncode == 0, imported.stderr
+    assert "SKIPPED" in imported.stdout  # the fixture holds a scenario for a missing environment
+    envs_out, scenarios_out = tmp_path / "envs.json", tmp_path / "scenarios.json"
+    exported = run("catalog", "export-envscaler", str(out), "--envs-out", str(envs_out),
+                   "--scenarios-out", str(scenarios_out))
+    assert exported.returncode == 0, exported.stderr
+    original = json.loads((ENVSCALER / "envs.json").read_text())
+    again = json.loads(envs_out.read_text())
+    assert set(again) == set(original)
+    for env_id, meta in original.items():
+        assert again[env_id]["env_class_code"] == meta["env_class_code"]
+    assert all(isinstance(s["init_config"], dict) for s in json.loads(scenarios_out.read_text()))
