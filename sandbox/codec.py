@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 TAG = "$ef"
 MAX_DEPTH = 200
+BIG_INT_BITS = 4000  # about 1200 decimal digits, well under the 4300-digit conversion limit
 
 
 class CodecError(Exception):
@@ -51,8 +52,11 @@ class Encoder:
 
     def encode(self, value: Any, path: str = "") -> Any:
         kind = type(value)
-        if value is None or kind is bool or kind is int or kind is str:
+        if value is None or kind is bool or kind is str:
             return value
+        if kind is int:
+            # JSON text cannot carry ints past Python's digit limit; hex has none.
+            return value if value.bit_length() < BIG_INT_BITS else _tagged("int", format(value, "x"))
         if kind is float:
             return value if math.isfinite(value) else _tagged("float", repr(value))
         if len(self._active) > MAX_DEPTH:
@@ -129,6 +133,8 @@ def decode(value: Any, resolve: Callable[[str], type] | None = None) -> Any:
         return frozenset(decode(v, resolve) for v in raw)
     if kind == "float":
         return float(raw)
+    if kind == "int":
+        return int(raw, 16)
     if kind == "datetime":
         return dt.datetime.fromisoformat(raw)
     if kind == "date":
@@ -157,16 +163,18 @@ def decode(value: Any, resolve: Callable[[str], type] | None = None) -> Any:
 
 def view(value: Any) -> Any:
     """The JSON view of any Python value (tool results, pickled objects)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value.value if isinstance(value, enum.Enum) else value
+    return _view(value, set())
+
+
+def _view(value: Any, active: set[int]) -> Any:
+    if isinstance(value, enum.Enum):
+        return _view(value.value, active)
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if value.bit_length() < BIG_INT_BITS else hex(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
-    if isinstance(value, dict):
-        return {_view_key(k): view(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [view(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((view(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
@@ -175,22 +183,33 @@ def view(value: Any) -> Any:
         return str(value)
     if isinstance(value, (bytes, bytearray)):
         return _bytes_view(bytes(value))
-    if isinstance(value, enum.Enum):
-        return view(value.value)
-    if hasattr(value, "__dict__") and not callable(value):
-        return {"__type__": type(value).__name__, **{_view_key(k): view(v) for k, v in vars(value).items()}}
+    if id(value) in active or len(active) > MAX_DEPTH:
+        return "<cycle>" if id(value) in active else "<too deep>"
+    active.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return {key_text(_view(k, active)): _view(v, active) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_view(v, active) for v in value]
+        if isinstance(value, (set, frozenset)):
+            return sorted_view(_view(v, active) for v in value)
+        if hasattr(value, "__dict__") and not callable(value):
+            fields = {key_text(_view(k, active)): _view(v, active) for k, v in vars(value).items()}
+            return {"__type__": type(value).__name__, **fields}
+    finally:
+        active.discard(id(value))
     text = repr(value)
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-def _view_key(key: Any) -> str:
-    if isinstance(key, str):
-        return key
-    if isinstance(key, enum.Enum):
-        key = key.value
-    if key is None or isinstance(key, (bool, int, float)):
-        return json.dumps(key)
-    return str(view(key))
+def key_text(viewed_key: Any) -> str:
+    """JSON object keys are strings: a non-string key is shown as its JSON text."""
+    return viewed_key if isinstance(viewed_key, str) else json.dumps(viewed_key, sort_keys=True)
+
+
+def sorted_view(items: Any) -> list[Any]:
+    """Sets have no order; their views are sorted by JSON text so they are stable."""
+    return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
 
 
 def _bytes_view(raw: bytes) -> str:
@@ -211,9 +230,13 @@ def view_encoded(value: Any) -> Any:
         return {k: view_encoded(v) for k, v in value.items()}
     raw = value.get("v")
     if kind == "dict":
-        return {_view_key(_plain_key(k)): view_encoded(v) for k, v in raw}
-    if kind in ("tuple", "set", "frozenset"):
+        return {key_text(view_encoded(k)): view_encoded(v) for k, v in raw}
+    if kind == "tuple":
         return [view_encoded(v) for v in raw]
+    if kind in ("set", "frozenset"):
+        return sorted_view(view_encoded(v) for v in raw)
+    if kind == "int":
+        return hex(int(raw, 16))
     if kind == "timedelta":
         return dt.timedelta(days=raw[0], seconds=raw[1], microseconds=raw[2]).total_seconds()
     if kind == "bytes":
@@ -225,16 +248,13 @@ def view_encoded(value: Any) -> Any:
     return raw  # float, datetime, date, time, decimal: already strings
 
 
-def _plain_key(key: Any) -> Any:
-    viewed = view_encoded(key)
-    if isinstance(viewed, list):
-        return json.dumps(viewed)
-    return viewed
-
-
 def encode_state(state: dict[str, Any], env_module: str | None = None) -> str:
     """Encode a state dict to compact JSON text. Raises CodecError naming the attribute."""
-    return json.dumps(Encoder(env_module).encode(state), separators=(",", ":"), ensure_ascii=False)
+    encoded = Encoder(env_module).encode(state)
+    try:
+        return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False)
+    except ValueError as exc:  # a backstop: encode() should have tagged anything JSON refuses
+        raise CodecError(f"state cannot be written as JSON ({exc})", "") from exc
 
 
 def diff(before: Any, after: Any, path: str = "") -> dict[str, list[dict[str, Any]]]:
@@ -245,8 +265,6 @@ def diff(before: Any, after: Any, path: str = "") -> dict[str, list[dict[str, An
 
 
 def _diff(before: Any, after: Any, path: str, out: dict[str, list[dict[str, Any]]]) -> None:
-    if before == after and type(before) is type(after):
-        return
     if isinstance(before, dict) and isinstance(after, dict):
         for key, value in after.items():
             if key not in before:
@@ -261,4 +279,7 @@ def _diff(before: Any, after: Any, path: str, out: dict[str, list[dict[str, Any]
         for i, (old, new) in enumerate(zip(before, after)):
             _diff(old, new, _pointer(path, i), out)
         return
-    out["changed"].append({"path": path or "/", "old": before, "new": after})
+    # Compare with types: 1 == True and 1 == 1.0 in Python, but not in JSON.
+    if type(before) is type(after) and before == after:
+        return
+    out["changed"].append({"path": path, "old": before, "new": after})

@@ -79,7 +79,7 @@ class MemoryStore:
         return None if entry is None else list(entry.trajectory)
 
     async def delete(self, session_id: str) -> bool:
-        return self._sessions.pop(session_id, None) is not None
+        return self._live(session_id) is not None and self._sessions.pop(session_id, None) is not None
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:

@@ -73,6 +73,7 @@ class RedisStore:
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
         k = self.keys.session(meta.session_id)
         async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(*k.data())  # a create never extends what an old session left
             pipe.hset(k.meta, mapping=meta.to_fields())
             pipe.set(k.state, state)
             pipe.set(k.initial, initial)
