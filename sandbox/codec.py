@@ -18,7 +18,8 @@ import enum
 import json
 import math
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TAG = "$ef"
 MAX_DEPTH = 200
@@ -113,7 +114,7 @@ class Encoder:
         return self.env_module is not None and kind.__module__ == self.env_module
 
 
-def decode(value: Any, resolve: Callable[[str], type] | None = None) -> Any:
+def decode(value: Any, resolve: Callable[[str], Any] | None = None) -> Any:
     """Inverse of ``Encoder.encode``. Unpickles: call only inside the sandbox."""
     if isinstance(value, list):
         return [decode(v, resolve) for v in value]
@@ -228,7 +229,7 @@ def view_encoded(value: Any) -> Any:
     kind = value.get(TAG)
     if kind is None:
         return {k: view_encoded(v) for k, v in value.items()}
-    raw = value.get("v")
+    raw: Any = value.get("v")
     if kind == "dict":
         return {key_text(view_encoded(k)): view_encoded(v) for k, v in raw}
     if kind == "tuple":
@@ -276,7 +277,7 @@ def _diff(before: Any, after: Any, path: str, out: dict[str, list[dict[str, Any]
                 out["removed"].append({"path": _pointer(path, key), "value": value})
         return
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        for i, (old, new) in enumerate(zip(before, after)):
+        for i, (old, new) in enumerate(zip(before, after, strict=True)):
             _diff(old, new, _pointer(path, i), out)
         return
     # Compare with types: 1 == True and 1 == 1.0 in Python, but not in JSON.

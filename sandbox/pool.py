@@ -127,7 +127,7 @@ class WorkerPool:
         channel = await self.backend.spawn(slot, self.limits)
         try:
             hello = protocol.decode_body(await asyncio.wait_for(channel.receive(), self.limits.load_timeout + 20))
-        except (asyncio.TimeoutError, protocol.ProtocolError, OSError) as exc:
+        except (TimeoutError, protocol.ProtocolError, OSError) as exc:
             await channel.kill()
             raise WorkerLost(f"worker {slot} did not start: {exc}") from exc
         return Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
@@ -170,7 +170,7 @@ class WorkerPool:
         """
         try:
             worker = await asyncio.wait_for(self._idle.get(), self.acquire_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SandboxBusy(f"no sandbox worker became free within {self.acquire_timeout:g} s") from None
         healthy = False
         try:
@@ -186,7 +186,7 @@ class WorkerPool:
                 worker.loaded.add(env.key)
             answer = await self._roundtrip(worker, message, timeout + GUARD_MARGIN)
             healthy = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WorkerLost("the sandbox worker stopped answering and was replaced") from None
         except (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError) as exc:
             raise WorkerLost(f"the sandbox worker was lost ({exc}) and replaced") from None

@@ -40,7 +40,7 @@ def frame_length(header: bytes) -> int:
 
 
 def read_exact(stream: BinaryIO, size: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     remaining = size
     while remaining:
         chunk = stream.read(remaining)

@@ -14,6 +14,7 @@ Standard library only.
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import io
 import json
@@ -26,8 +27,9 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sandbox import codec, contain
 
@@ -217,7 +219,8 @@ class Runtime:
         def run() -> dict[str, Any]:
             before_text: str = request["state"]
             before = json.loads(before_text)
-            instance = cls.__new__(cls)
+            factory: Any = cls  # restore without __init__: the state is already built
+            instance = factory.__new__(factory)
             instance.__dict__.update(codec.decode(before, _resolver(module)))
             method = _tool(cls, instance, request["name"])
             arguments = request.get("arguments") or {}
@@ -252,7 +255,7 @@ class Runtime:
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         results = []
         for i, source in enumerate(request["checks"]):
-            outcome = self._in_fork(lambda: _run_check(module, request, i, source), timeout)
+            outcome = self._in_fork(functools.partial(_run_check, module, request, i, source), timeout)
             if "error" in outcome and "passed" not in outcome:
                 outcome = {"passed": False, "error": f"{outcome['error']['type']}: {outcome['error']['message']}"}
             results.append({"passed": bool(outcome.get("passed")), "error": outcome.get("error")})
@@ -376,12 +379,12 @@ def _encode(state: dict[str, Any], module_name: str, limit: int) -> str:
     return text
 
 
-def _resolver(module: types.ModuleType) -> Callable[[str], type]:
-    def resolve(qualname: str) -> type:
+def _resolver(module: types.ModuleType) -> Callable[[str], Any]:
+    def resolve(qualname: str) -> Any:
         target: Any = module
         for part in qualname.split("."):
             target = getattr(target, part)
-        return target  # type: ignore[no-any-return]
+        return target
 
     return resolve
 

@@ -150,7 +150,7 @@ def _functional_typed_dict(value: ast.expr) -> _TypedDict | None:
         return None
     fields = [
         (key.value, annotation)
-        for key, annotation in zip(value.args[1].keys, value.args[1].values)
+        for key, annotation in zip(value.args[1].keys, value.args[1].values, strict=False)
         if isinstance(key, ast.Constant) and isinstance(key.value, str)
     ]
     return _TypedDict(fields, _total(value.keywords), [])
@@ -216,10 +216,10 @@ def _tool(fn: _Function, module: _Module) -> dict[str, Any]:
     args = fn.args
     positional = [*args.posonlyargs, *args.args]
     padding: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
-    params = list(zip(positional, [*padding, *args.defaults]))
+    params = list(zip(positional, [*padding, *args.defaults], strict=False))
     if "staticmethod" not in {_final_name(d) for d in fn.decorator_list}:
         params = params[1:]  # self / cls
-    params += list(zip(args.kwonlyargs, args.kw_defaults))
+    params += list(zip(args.kwonlyargs, args.kw_defaults, strict=False))
 
     properties: dict[str, Schema] = {}
     required: list[str] = []

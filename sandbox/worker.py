@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 if __package__ in (None, ""):
     # Run as a script with -S: make the ``sandbox`` package importable.
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         __import__(name)
     if args.no_contain:
         contain.die_with_parent()
-        report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
+        report: dict[str, Any] = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
         report = contain.apply(args.uid, args.gid, args.tmp_mb)
     limits = WorkerLimits(

@@ -348,7 +348,7 @@ def _scenario_ids(entries: list[tuple[str, Any]], env_ids: list[str | None]) -> 
     task_ids = [_task_id(record) for _, record in entries]
     counts = Counter(t for t in task_ids if t is not None)
     ids = []
-    for index, (task_id, env_id) in enumerate(zip(task_ids, env_ids)):
+    for index, (task_id, env_id) in enumerate(zip(task_ids, env_ids, strict=False)):
         if task_id is None:
             ids.append(f"{env_id}-{index}")
         elif counts[task_id] == 1:
@@ -378,7 +378,7 @@ def _add_scenarios(catalog: Catalog, path: Path, skipped_envs: set[str], report:
             env_ids.append(None)
             unresolved.append(str(exc))
     scenario_ids = _scenario_ids(entries, env_ids)
-    for (where, record), env_id, why, scenario_id in zip(entries, env_ids, unresolved, scenario_ids):
+    for (where, record), env_id, why, scenario_id in zip(entries, env_ids, unresolved, scenario_ids, strict=False):
         task_id = _task_id(record)
         label = f"scenario {where}" + (f" (task_id {task_id})" if task_id is not None else "")
         try:

@@ -88,7 +88,7 @@ class MemoryStore:
         try:
             try:
                 await asyncio.wait_for(lock.acquire(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s") from None
             try:
                 yield

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
@@ -41,7 +41,7 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
-def _translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _translated(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Redis errors become StoreError here, once, so the service sees only its own errors."""
 
     @wraps(fn)
@@ -74,7 +74,7 @@ class RedisStore:
         k = self.keys.session(meta.session_id)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(*k.data())  # a create never extends what an old session left
-            pipe.hset(k.meta, mapping=meta.to_fields())
+            pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
             pipe.set(k.state, state)
             pipe.set(k.initial, initial)
             if trajectory:
@@ -166,7 +166,8 @@ class RedisStore:
 
     @_translated
     async def all_records(self, kind: str) -> dict[str, str]:
-        return dict(await self.client.hgetall(self._record_key(kind)))
+        records = await self.client.hgetall(self._record_key(kind))
+        return {str(k): str(v) for k, v in records.items()}
 
     def _record_key(self, kind: str) -> str:
         return {"environments": self.keys.environments, "scenarios": self.keys.scenarios}[kind]

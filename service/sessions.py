@@ -57,7 +57,7 @@ class Sessions:
         return Created(meta, env, scenario)
 
     async def snapshot(self, session_id: str, *, trajectory: bool = False) -> Snapshot:
-        snap = await self._store(self.store.load(session_id, trajectory=trajectory))
+        snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory))
         if snap is None:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
         return snap
@@ -137,7 +137,7 @@ class Sessions:
             results = await self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist])
         except SandboxError as exc:
             raise Unavailable(f"scoring failed in the sandbox: {exc.message}") from exc
-        checks = [{"item": c.item, "passed": r["passed"], "error": r["error"]} for c, r in zip(checklist, results)]
+        checks = [{"item": c.item, "passed": r["passed"], "error": r["error"]} for c, r in zip(checklist, results, strict=True)]
         passed = sum(1 for c in checks if c["passed"])
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks}

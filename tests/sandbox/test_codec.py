@@ -8,7 +8,6 @@ import datetime as dt
 import decimal
 import enum
 import json
-import math
 import os
 import pickle
 import sys
@@ -113,18 +112,18 @@ def assert_same(a: Any, b: Any, where: str = "$") -> None:
         assert str(a) == str(b), f"{where}: {a} became {b}"
     elif isinstance(a, (list, tuple, collections.deque)):
         assert len(a) == len(b), f"{where}: length {len(a)} became {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
             assert_same(x, y, f"{where}[{i}]")
         if isinstance(a, collections.deque):
             assert a.maxlen == b.maxlen
     elif isinstance(a, dict):
         assert len(a) == len(b), f"{where}: {len(a)} keys became {len(b)}"
-        for (ka, va), (kb, vb) in zip(a.items(), b.items()):  # insertion order is kept too
+        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):  # insertion order is kept too
             assert_same(ka, kb, f"{where} key {ka!r}")
             assert_same(va, vb, f"{where}[{ka!r}]")
     elif isinstance(a, (set, frozenset)):
         assert len(a) == len(b), f"{where}: {len(a)} items became {len(b)}"
-        for i, (x, y) in enumerate(zip(sorted(a, key=_view_key), sorted(b, key=_view_key))):
+        for i, (x, y) in enumerate(zip(sorted(a, key=_view_key), sorted(b, key=_view_key), strict=False)):
             assert_same(x, y, f"{where}{{{i}}}")
     elif isinstance(a, enum.Enum):
         assert a is b, f"{where}: {a!r} became {b!r}"
@@ -151,12 +150,12 @@ def _builtin_cases() -> dict[str, Any]:
         "set_of_tuples": {(1, 2), (3, 4), (5, (6, 7))},
         "frozenset_of_tuples": frozenset({(1, 2), ()}),
         "int_keys": {1: "one", 2: "two", -7: "minus"},
-        "mixed_keys": {1: "int", "1": "str", None: "none", True: "bool", 2.5: "float"},
+        "mixed_keys": {1: "int", "1": "str", None: "none", False: "bool", 2.5: "float"},
         "tag_key": {"$ef": "pickle", "v": "not really", "view": 1},
         "nested_tag_key": [{"inner": {"$ef": "tuple", "v": [1, 2]}}],
         "datetime": dt.datetime(2024, 2, 29, 13, 45, 1, 123456),
         "aware_datetime": dt.datetime(2024, 1, 1, 0, 0, tzinfo=tz),
-        "utc_datetime": dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+        "utc_datetime": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
         "date": dt.date(1999, 12, 31),
         "time": dt.time(23, 59, 59, 999999),
         "aware_time": dt.time(8, 0, tzinfo=tz),
