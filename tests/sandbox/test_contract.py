@@ -277,3 +277,41 @@ async def test_validate_reports_why_code_is_unusable(pool_factory: Any) -> None:
         assert await pool.validate(EnvCode("ok", "ok", "A", "class A:\n    pass\n")) is None
         # the pool still works after all that
         assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok
+
+
+async def test_open_files_are_limited(pool_factory: Any) -> None:
+    async with pool_factory(open_files=32) as pool:
+        state = await _state(pool)
+        assert (await pool.call(PROBE, state, "open_files", {"count": 10})).ok
+        out = await pool.call(PROBE, state, "open_files", {"count": 100})
+        assert not out.ok and "Too many open files" in out.error["message"]
+
+
+async def test_state_size_is_limited(pool_factory: Any) -> None:
+    async with pool_factory(state_bytes=64 * 1024) as pool:
+        state = await _state(pool)
+        assert (await pool.call(PROBE, state, "grow", {"kilobytes": 16})).ok
+        out = await pool.call(PROBE, state, "grow", {"kilobytes": 100})
+        assert not out.ok and out.error["type"] == "resource_limit" and "65536 byte limit" in out.error["message"]
+
+
+@pytest.mark.parametrize(("memory_mb", "fits"), [(256, False), (1024, True)])
+async def test_memory_limit_is_configurable(pool_factory: Any, memory_mb: int, fits: bool) -> None:
+    async with pool_factory(memory_mb=memory_mb) as pool:
+        out = await pool.call(PROBE, await _state(pool), "allocate", {"megabytes": 400})
+        assert out.ok is fits
+        if not fits:
+            assert out.error["type"] == "resource_limit"
+
+
+async def test_missing_containment_is_reported_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    from sandbox.process import ProcessBackend
+
+    pool = WorkerPool(ProcessBackend(contain=False), 1, Limits())
+    with caplog.at_level("WARNING", logger="envfoundry.sandbox"):
+        await pool.start()
+    try:
+        assert pool.containment["applied"] == []
+        assert any("SANDBOX CONTAINMENT MISSING" in r.getMessage() for r in caplog.records)
+    finally:
+        await pool.close()
