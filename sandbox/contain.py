@@ -38,6 +38,9 @@ MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 
+# What a worker's environment may hold; LC_CTYPE is set by Python itself (PEP 538).
+SAFE_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONHASHSEED")
+
 # Folders every user may write to on a Debian host; each gets covered.
 SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", "/var/lock")
 
@@ -141,6 +144,38 @@ def _unprivileged_namespaces() -> None:
         f.write(f"{gid} {gid} 1")
 
 
+def verify_container() -> dict[str, Any]:
+    """In a container the engine confines the worker; check each primitive instead of applying it."""
+    applied: list[str] = []
+    missing: dict[str, str] = {}
+    try:
+        interfaces = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        interfaces = []
+    if interfaces in ([], ["lo"]):
+        applied.append("network")
+    else:
+        missing["network"] = "the container has network interfaces: " + ", ".join(interfaces)
+    if os.statvfs("/").f_flag & os.ST_RDONLY:
+        applied.append("filesystem")
+    else:
+        missing["filesystem"] = "the container's root filesystem is writable"
+    if os.getuid() != 0:
+        applied.append("user")
+    else:
+        missing["user"] = "the container runs as root"
+    try:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    except OSError as exc:
+        missing["no_new_privs"] = str(exc)
+    leaked = sorted(k for k in os.environ if k not in SAFE_VARIABLES + ("HOSTNAME",))
+    if leaked:
+        missing["environment"] = "variables visible to environment code: " + ", ".join(leaked)
+    else:
+        applied.append("environment")
+    return {"applied": applied, "missing": missing, "uid": os.getuid()}
+
+
 def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
     """Confine this process; return which primitives hold and why any is missing."""
     applied: list[str] = []
@@ -179,7 +214,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
     except OSError as exc:
         missing["no_new_privs"] = str(exc)
     die_with_parent()
-    leaked = sorted(k for k in os.environ if k not in ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "PYTHONHASHSEED"))
+    leaked = sorted(k for k in os.environ if k not in SAFE_VARIABLES)
     if leaked:
         missing["environment"] = "variables visible to environment code: " + ", ".join(leaked)
     else:

@@ -62,6 +62,9 @@ class Channel(Protocol):
 class Backend(Protocol):
     name: str
 
+    async def start(self) -> None:
+        """Prepare the backend (e.g. remove what a crashed earlier run left)."""
+
     async def spawn(self, slot: int, limits: Limits) -> Channel: ...
 
     async def close(self) -> None: ...
@@ -108,7 +111,15 @@ class WorkerPool:
         self._closed = False
 
     async def start(self) -> None:
-        workers = await asyncio.gather(*(self._spawn(slot) for slot in range(self.size)))
+        await self.backend.start()
+        spawned = await asyncio.gather(*(self._spawn(slot) for slot in range(self.size)), return_exceptions=True)
+        workers = [w for w in spawned if isinstance(w, Worker)]
+        failures = [w for w in spawned if isinstance(w, BaseException)]
+        if failures:
+            for worker in workers:
+                await worker.channel.kill()
+            await self.backend.close()
+            raise failures[0]
         self.containment = workers[0].containment
         for missing, reason in self.containment.get("missing", {}).items():
             log.warning("SANDBOX CONTAINMENT MISSING (%s backend): %s: %s", self.backend.name, missing, reason)
@@ -127,9 +138,9 @@ class WorkerPool:
         channel = await self.backend.spawn(slot, self.limits)
         try:
             hello = protocol.decode_body(await asyncio.wait_for(channel.receive(), self.limits.load_timeout + 20))
-        except (TimeoutError, protocol.ProtocolError, OSError) as exc:
+        except (TimeoutError, protocol.ProtocolError, OSError, EOFError) as exc:
             await channel.kill()
-            raise WorkerLost(f"worker {slot} did not start: {exc}") from exc
+            raise WorkerLost(f"worker {slot} did not start: {exc!r}") from exc
         return Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
 
     def _replace(self, worker: Worker) -> None:

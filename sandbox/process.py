@@ -131,5 +131,8 @@ class ProcessBackend:
         )
         return ProcessChannel(process)
 
+    async def start(self) -> None:
+        return None
+
     async def close(self) -> None:
         self.uids.release()

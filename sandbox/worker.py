@@ -19,8 +19,9 @@ import sys
 from typing import Any
 
 if __package__ in (None, ""):
-    # Run as a script with -S: make the ``sandbox`` package importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Run as a script: import ``sandbox`` as a package, and do not let environment
+    # code import this folder's modules as top-level ones.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from sandbox import contain, protocol  # noqa: E402
 from sandbox.runtime import Runtime, WorkerLimits  # noqa: E402
@@ -44,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tmp-mb", type=int, default=64)
     parser.add_argument("--output-bytes", type=int, default=1 << 20)
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
+    parser.add_argument("--container", action="store_true", help="the container engine confines us: verify only")
     return parser.parse_args(argv)
 
 
@@ -59,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     os.close(null)
     for name in PRELOAD:
         __import__(name)
-    if args.no_contain:
+    report: dict[str, Any]
+    if args.container:
+        report = contain.verify_container()
+    elif args.no_contain:
         contain.die_with_parent()
-        report: dict[str, Any] = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
+        report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
         report = contain.apply(args.uid, args.gid, args.tmp_mb)
     limits = WorkerLimits(
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     runtime = Runtime(limits)
     # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
-    runtime.set_worker_limits(dedicated_uid="user" in report["applied"])
+    runtime.set_worker_limits(dedicated_uid="user" in report["applied"] and not args.container)
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from sandbox.pool import WorkerPool
+from sandbox.pool import Backend, WorkerPool
 from service import problems
 from service.api import router
 from service.catalog import Catalog, bundled_catalog_dir
@@ -44,11 +44,15 @@ def make_store(settings: Settings) -> SessionStore:
 
 
 def make_pool(settings: Settings) -> WorkerPool:
-    if settings.sandbox != "process":
-        raise ValueError(f"unknown sandbox backend '{settings.sandbox}'")
-    from sandbox.process import ProcessBackend
+    backend: Backend
+    if settings.sandbox == "docker":
+        from sandbox.container import DockerBackend
 
-    backend = ProcessBackend(uid_base=settings.worker_uid_base)
+        backend = DockerBackend(settings.sandbox_image, settings.instance_name(), cpus=settings.worker_cpus)
+    else:
+        from sandbox.process import ProcessBackend
+
+        backend = ProcessBackend(uid_base=settings.worker_uid_base)
     return WorkerPool(backend, settings.workers, settings.limits(), max_requests=settings.worker_max_requests)
 
 

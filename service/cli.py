@@ -18,6 +18,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "host": args.host,
         "port": args.port,
         "workers": args.workers,
+        "sandbox": getattr(args, "sandbox", None),
     }.items() if v is not None}
     return Settings(**overrides)
 
@@ -30,7 +31,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
-          f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox workers: {settings.workers})", flush=True)
+          f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
+          flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     return 0
 
@@ -106,7 +108,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis", metavar="URL", help="Redis URL for sessions (default: REDIS_URL, else memory)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=int, help="sandbox worker processes")
+    serve.add_argument("--workers", type=int, help="sandbox workers")
+    serve.add_argument("--sandbox", choices=["process", "docker"], help="sandbox backend (default: process)")
     serve.set_defaults(run=cmd_serve)
 
     catalog = sub.add_parser("catalog", help="check and convert catalogs").add_subparsers(dest="action", required=True)

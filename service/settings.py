@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,7 +24,12 @@ class Settings(BaseSettings):
     key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
     host: str = "127.0.0.1"
     port: int = 8000
-    sandbox: str = Field(default="process", description="Sandbox backend.")
+    sandbox: Literal["process", "docker"] = Field(default="process", description="Sandbox backend.")
+    sandbox_image: str = Field(default="envfoundry/sandbox:dev", description="Image of docker sandbox workers.")
+    service_name: str | None = Field(
+        default=None, description="Stable name of this service for container labels; default host-port."
+    )
+    worker_cpus: float = Field(default=1.0, gt=0, description="CPUs per docker sandbox worker.")
     workers: int = Field(default=4, ge=1, le=256, description="Sandbox worker processes.")
     worker_uid_base: int = Field(default=61000, description="Workers run as uid base+slot when the service is root.")
     worker_max_requests: int = Field(default=5000, ge=1, description="Requests before a worker is recycled.")
@@ -37,6 +44,9 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
     max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
+
+    def instance_name(self) -> str:
+        return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
 
     def limits(self) -> Limits:
         return Limits(

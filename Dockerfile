@@ -1,0 +1,36 @@
+# Targets:
+#   sandbox  the worker runtime only (standard library, non-root); one container per sandbox worker
+#   service  the API (FastAPI + uvicorn); drives sandbox containers through the Docker socket
+#   redis    a Redis server built from the same base, for machines that cannot pull images
+# BASE_IMAGE lets an offline machine build on a local image (see scripts/docker-images).
+ARG BASE_IMAGE=python:3.12-slim
+
+FROM ${BASE_IMAGE} AS sandbox
+COPY sandbox/__init__.py sandbox/worker.py sandbox/runtime.py sandbox/contain.py sandbox/codec.py sandbox/protocol.py /opt/envfoundry/sandbox/
+RUN python3 -m compileall -q /opt/envfoundry/sandbox
+USER 65534:65534
+WORKDIR /tmp
+ENTRYPOINT ["python3", "-S", "-E", "-s", "-B", "/opt/envfoundry/sandbox/worker.py", "--container"]
+
+FROM ${BASE_IMAGE} AS service
+# Offline builds put the project's wheel and its dependencies in wheelhouse (scripts/docker-images
+# does); with the folder empty the build installs from the package index instead.
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin PYTHONUNBUFFERED=1
+RUN python3 -m venv /opt/venv
+WORKDIR /opt/envfoundry
+COPY wheelhouse/ /wheels/
+COPY pyproject.toml README.md ./
+COPY service ./service
+COPY sandbox ./sandbox
+COPY catalog ./catalog
+RUN if ls /wheels/*.whl >/dev/null 2>&1; then pip install --no-cache-dir --quiet --no-index --find-links /wheels envfoundry; \
+    else pip install --no-cache-dir --quiet .; fi && rm -rf /wheels
+EXPOSE 8000
+ENTRYPOINT ["envfoundry", "serve", "--host", "0.0.0.0", "--port", "8000"]
+
+FROM ${BASE_IMAGE} AS redis
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server \
+    && rm -rf /var/lib/apt/lists/*
+USER redis
+EXPOSE 6379
+ENTRYPOINT ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]

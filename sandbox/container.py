@@ -1,0 +1,185 @@
+"""The docker backend: each worker is a long-lived, hardened container of the sandbox image.
+
+The worker inside is the same stdlib-only runtime as in the process backend
+(``worker.py --container``): it only verifies what the engine enforces. The
+service talks to it over the container's attached stdin/stdout, so workers
+need no network at all.
+
+Hardening is the default, not an option: no network, read-only root with a
+small tmpfs, every capability dropped, no-new-privileges, a non-root user,
+memory/CPU/pids limits, an init process, and nothing of the host mounted.
+
+Containers carry two labels: ``envfoundry.service`` (stable across restarts of
+one service) and ``envfoundry.instance`` (this process). At start the backend
+removes containers of its service left by an earlier instance that crashed;
+at close it removes its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import struct
+from typing import Any
+
+from sandbox.errors import SandboxError, WorkerLost
+from sandbox.pool import Channel, Limits
+from sandbox.protocol import HEADER, frame_length
+
+log = logging.getLogger("envfoundry.sandbox")
+
+SERVICE_LABEL = "envfoundry.service"
+INSTANCE_LABEL = "envfoundry.instance"
+ROLE_LABEL = "envfoundry.role"
+# The engine multiplexes a non-tty container's output: 1 byte stream, 3 padding, 4 length.
+MUX_HEADER = struct.Struct(">BxxxI")
+STDOUT = 1
+# Room above the per-call address-space limit for the worker itself and the fork's copy.
+MEMORY_OVERHEAD_MB = 128
+
+
+class DockerChannel:
+    def __init__(self, backend: DockerBackend, container: Any, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.backend = backend
+        self.container = container
+        self._reader = reader
+        self._writer = writer
+        self._buffer = bytearray()
+
+    @property
+    def name(self) -> str:
+        return str(self.container.name)
+
+    async def send(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def _read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            stream, length = MUX_HEADER.unpack(await self._reader.readexactly(MUX_HEADER.size))
+            chunk = await self._reader.readexactly(length)
+            if stream == STDOUT:
+                self._buffer += chunk
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    async def receive(self) -> bytes:
+        return await self._read(frame_length(await self._read(HEADER.size)))
+
+    async def kill(self) -> None:
+        self._writer.close()
+        await self.backend.remove(self.container)
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, image: str, service: str, *, cpus: float = 1.0, base_url: str | None = None) -> None:
+        try:
+            import docker
+        except ImportError as exc:  # pragma: no cover - docker is a declared dependency
+            raise SandboxError("the docker backend needs the 'docker' package") from exc
+        try:
+            self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+            self.client.ping()
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"no Docker engine reachable: {exc}") from exc
+        self._errors = docker.errors
+        self._ulimit = docker.types.Ulimit
+        self.image = image
+        self.service = service
+        self.instance = secrets.token_hex(8)
+        self.cpus = cpus
+        self._names = itertools.count()
+        self.removed_orphans = 0
+
+    def _labels(self) -> dict[str, str]:
+        return {SERVICE_LABEL: self.service, INSTANCE_LABEL: self.instance, ROLE_LABEL: "sandbox-worker"}
+
+    async def start(self) -> None:
+        """Remove workers an earlier instance of this service left behind when it died."""
+        def run() -> int:
+            try:
+                self.client.images.get(self.image)
+            except self._errors.ImageNotFound:
+                raise SandboxError(f"sandbox image '{self.image}' not found (build it: scripts/docker-images)") from None
+            stale = [c for c in self.client.containers.list(all=True, filters={"label": f"{SERVICE_LABEL}={self.service}"})
+                     if c.labels.get(INSTANCE_LABEL) != self.instance]
+            for container in stale:
+                container.remove(force=True)
+            return len(stale)
+
+        self.removed_orphans = await asyncio.to_thread(run)
+        if self.removed_orphans:
+            log.warning("removed %d sandbox containers left by an earlier run of %s", self.removed_orphans, self.service)
+
+    async def spawn(self, slot: int, limits: Limits) -> Channel:
+        def create() -> tuple[Any, Any]:
+            memory = f"{limits.memory_mb + MEMORY_OVERHEAD_MB}m"
+            container = self.client.containers.create(
+                self.image,
+                command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),
+                         "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes)],
+                name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
+                labels=self._labels(),
+                stdin_open=True,
+                tty=False,
+                detach=True,
+                environment={},
+                network_mode="none",
+                read_only=True,
+                tmpfs={"/tmp": f"size={limits.tmp_mb}m,mode=1777,noexec,nosuid,nodev"},
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                user="65534:65534",
+                mem_limit=memory,
+                memswap_limit=memory,
+                # the worker, its call fork, the extra processes allowed, and the init process
+                pids_limit=3 + limits.processes,
+                nano_cpus=int(self.cpus * 1e9),
+                ulimits=[self._ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+                init=True,
+                ipc_mode="none",
+            )
+            try:
+                socket = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+                container.start()
+            except Exception:
+                container.remove(force=True)
+                raise
+            return container, socket
+
+        try:
+            container, socket = await asyncio.to_thread(create)
+        except self._errors.DockerException as exc:
+            raise WorkerLost(f"cannot start a sandbox container: {exc}") from exc
+        raw = socket._sock  # the hijacked engine connection: raw stdin in, multiplexed stdout out
+        reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
+        return DockerChannel(self, container, reader, writer)
+
+    async def remove(self, container: Any) -> None:
+        def run() -> None:
+            try:
+                container.remove(force=True)
+            except self._errors.NotFound:
+                pass
+            except self._errors.APIError as exc:
+                if exc.status_code != 409:  # 409: removal already in progress
+                    raise
+
+        try:
+            await asyncio.to_thread(run)
+        except self._errors.DockerException as exc:
+            log.error("cannot remove sandbox container %s: %s", container.name, exc)
+
+    def own_containers(self) -> list[Any]:
+        return list(self.client.containers.list(all=True, filters={"label": f"{INSTANCE_LABEL}={self.instance}"}))
+
+    async def close(self) -> None:
+        for container in await asyncio.to_thread(self.own_containers):
+            await self.remove(container)
+        self.client.close()
