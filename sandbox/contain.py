@@ -100,6 +100,11 @@ def _readable_roots() -> list[str]:
 
 def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # sysfs shows the network namespace of whoever mounted it: remount it for ours.
+    try:
+        _mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        pass
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
     for folder in SHARED_WRITABLE:
         if os.path.isdir(folder) and not os.path.islink(folder):

@@ -41,10 +41,11 @@ MEMORY_OVERHEAD_MB = 128
 
 
 class DockerChannel:
-    def __init__(self, backend: DockerBackend, container: Any, reader: asyncio.StreamReader,
+    def __init__(self, backend: DockerBackend, container: Any, attached: Any, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
         self.backend = backend
         self.container = container
+        self._attached = attached
         self._reader = reader
         self._writer = writer
         self._buffer = bytearray()
@@ -72,7 +73,18 @@ class DockerChannel:
 
     async def kill(self) -> None:
         self._writer.close()
+        _close_attached(self._attached)
         await self.backend.remove(self.container)
+
+
+def _close_attached(attached: Any) -> None:
+    """Close every layer docker-py keeps around the hijacked connection."""
+    for part in (getattr(attached, "_sock", None), attached, getattr(attached, "_response", None)):
+        try:
+            if part is not None:
+                part.close()
+        except Exception:  # already closed by the transport
+            pass
 
 
 class DockerBackend:
@@ -159,7 +171,7 @@ class DockerBackend:
             raise WorkerLost(f"cannot start a sandbox container: {exc}") from exc
         raw = socket._sock  # the hijacked engine connection: raw stdin in, multiplexed stdout out
         reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
-        return DockerChannel(self, container, reader, writer)
+        return DockerChannel(self, container, socket, reader, writer)
 
     async def remove(self, container: Any) -> None:
         def run() -> None:

@@ -21,6 +21,10 @@ log = logging.getLogger("envfoundry.sandbox")
 
 # The worker enforces call timeouts itself; this margin only catches a worker that hangs.
 GUARD_MARGIN = 5.0
+# Error types a tool call may report (the API contract); anything else becomes sandbox_error.
+CALL_ERRORS = frozenset(
+    {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,11 @@ class WorkerPool:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    @property
+    def longest_request(self) -> float:
+        """The longest a request can take, waiting for a worker included (for lock leases)."""
+        return self.acquire_timeout + self.limits.load_timeout + self.limits.call_timeout + 2 * GUARD_MARGIN
+
     async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
         message["id"] = next(self._ids)
         await worker.channel.send(protocol.encode_frame(message))
@@ -242,7 +251,11 @@ class WorkerPool:
                 self.limits.call_timeout,
             )
         except RequestFailed as exc:
-            return CallOutcome(False, None, {"type": exc.kind, "message": exc.message}, None, _no_diff())
+            if exc.kind in CALL_ERRORS:
+                return CallOutcome(False, None, {"type": exc.kind, "message": exc.message}, None, _no_diff())
+            # e.g. the class failed to load in this worker: not the agent's doing
+            message = f"{exc.kind}: {exc.message}"
+            return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
         except WorkerLost as exc:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
         return CallOutcome(True, answer.get("result"), None, answer.get("state"), answer["diff"])

@@ -59,12 +59,14 @@ class UidAllocator:
         self.span = span
         self.folder = folder
         self.held: dict[int, tuple[int, int]] = {}  # slot -> (uid, fd)
+        self._recent: set[int] = set()  # handed out lately: prefer others while their zombies clear
 
     def uid_for(self, slot: int) -> int:
+        """A fresh uid for ``slot``: a replaced worker's forks may linger as zombies under the old one."""
         if slot in self.held:
-            return self.held[slot][0]
+            os.close(self.held.pop(slot)[1])
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        for uid in range(self.base, self.base + self.span):
+        for uid in sorted(range(self.base, self.base + self.span), key=lambda u: u in self._recent):
             fd = os.open(os.path.join(self.folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,6 +79,9 @@ class UidAllocator:
                 os.close(fd)
                 continue
             self.held[slot] = (uid, fd)
+            self._recent.add(uid)
+            if len(self._recent) > self.span // 2:
+                self._recent.clear()
             return uid
         raise RuntimeError(f"no free sandbox uid in {self.base}..{self.base + self.span - 1}")
 

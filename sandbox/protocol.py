@@ -19,7 +19,10 @@ class ProtocolError(Exception):
 
 
 def encode_frame(message: Any) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    try:
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: JSON escapes carry them, UTF-8 cannot
+        body = json.dumps(message, separators=(",", ":")).encode("ascii")
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
     return HEADER.pack(len(body)) + body

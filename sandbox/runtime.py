@@ -13,6 +13,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import functools
 import inspect
@@ -42,6 +43,7 @@ RESOURCE_LIMIT = "resource_limit"
 SANDBOX_ERROR = "sandbox_error"
 
 DEFAULT_TIMEOUT = 10.0
+MAX_FD = 1 << 16
 # Room for the frame's JSON around the result and state, beyond their own limits.
 FRAME_SLACK = 1 << 20
 
@@ -230,6 +232,8 @@ class Runtime:
                 raise Failure(INVALID_ARGUMENTS, f"{request['name']}: {exc}") from None
             try:
                 result = method(**arguments)
+                if inspect.iscoroutine(result):  # an async tool: run it to completion here
+                    result = asyncio.run(result)
             except _Interrupt:
                 raise
             except MemoryError:
@@ -284,6 +288,10 @@ class Runtime:
         return self._collect(pid, read_fd, timeout, result_bytes)
 
     def _child(self, run: Callable[[], dict[str, Any]], write_fd: int, timeout: float) -> None:
+        # Nothing the worker holds may reach environment code: above all not its protocol
+        # pipes, through which a call could read or answer other sessions' requests.
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, MAX_FD)
         output = CappedOutput(self.limits.output_bytes)
         try:
             os.setpgid(0, 0)
@@ -299,7 +307,11 @@ class Runtime:
                 answer = {"error": _error(RESOURCE_LIMIT, "out of memory")}
             if output.exceeded:
                 answer = {"error": _error(RESOURCE_LIMIT, f"the tool printed more than {self.limits.output_bytes} bytes")}
-            payload = json.dumps(answer, ensure_ascii=False).encode()
+            try:
+                payload = json.dumps(answer, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                payload = json.dumps({"error": _error(
+                    TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()
         except BaseException as exc:  # last resort: the fork must always answer or die
             payload = json.dumps({"error": _error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
         view = memoryview(payload)
@@ -332,6 +344,8 @@ class Runtime:
                 chunks.append(chunk)
         finally:
             os.close(read_fd)
+        if outcome is None and not _exits_by(pid, deadline):
+            outcome = "timeout"  # it closed its end of the pipe but kept running
         if outcome:
             _kill_group(pid)
         _, status = os.waitpid(pid, 0)
@@ -347,6 +361,28 @@ class Runtime:
             except ValueError:
                 pass
         return {"error": _death(status)}
+
+
+def _exits_by(pid: int, deadline: float) -> bool:
+    """Wait until ``pid`` exits or ``deadline`` passes; True if it exited."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = -1
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if pidfd >= 0:
+                ready, _, _ = select.select([pidfd], [], [], max(remaining, 0))
+                return bool(ready)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+            if remaining <= 0:
+                return False
+            time.sleep(0.001)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _kill_group(pid: int) -> None:
@@ -396,7 +432,9 @@ def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
         attribute = inspect.getattr_static(cls, name)
     except AttributeError:
         raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}") from None
-    if not isinstance(attribute, (types.FunctionType, staticmethod, classmethod)):
+    if isinstance(attribute, (property, type)) or not (
+        callable(attribute) or isinstance(attribute, (staticmethod, classmethod))
+    ):
         raise Failure(UNKNOWN_TOOL, f"{name!r} is not a tool")
     return getattr(instance, name)  # type: ignore[no-any-return]
 

@@ -19,8 +19,18 @@ Schema = dict[str, Any]
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
+MAX_DOC_TYPE = 200
+
+
 class SchemaError(Exception):
-    """The source does not parse, or does not define the requested class."""
+    """The source does not parse, or does not define the requested class.
+
+    ``reason`` is ``syntax_error``, ``missing_class`` or ``invalid_code``.
+    """
+
+    def __init__(self, message: str, reason: str = "syntax_error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 # --- type names ------------------------------------------------------------
@@ -81,11 +91,11 @@ def extract_tools(source: str, class_name: str) -> list[dict[str, Any]]:
         raise SchemaError(f"source cannot be parsed: {exc}") from exc
     module = _scan(tree)
     if class_name not in module.classes:
-        raise SchemaError(f"class {class_name!r} is not defined")
+        raise SchemaError(f"class {class_name!r} is not defined", "missing_class")
     try:
         return [_tool(fn, module) for fn in _public_methods(class_name, module)]
     except RecursionError as exc:
-        raise SchemaError("class hierarchy or annotations are nested too deeply") from exc
+        raise SchemaError("class hierarchy or annotations are nested too deeply", "invalid_code") from exc
 
 
 # --- module scan -----------------------------------------------------------
@@ -264,8 +274,8 @@ def _parse_type(text: str | None) -> ast.expr | None:
 
 def _doc_type(text: str | None) -> ast.expr | None:
     """A docstring's type text: ``"str, optional"`` is ``str``; prose is nothing."""
-    if not text:
-        return None
+    if not text or len(text) > MAX_DOC_TYPE:
+        return None  # a type is short; anything longer is prose (and would cost the regex dearly)
     text = re.sub(r"(,\s*|\s+|^)(optional|default\b.*)$", "", text.strip(), flags=re.IGNORECASE)
     node = _parse_type(text)
     return None if isinstance(node, ast.Tuple) else node  # "str, int" is prose, not a type

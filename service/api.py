@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,11 +69,12 @@ async def get_environment(env_id: str, reg: Registry = Depends(registry)) -> sch
 async def create_environment(body: schemas.EnvironmentCreate,
                              reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
     try:
-        env = build_environment(env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
-                                introduction=body.introduction, rules=body.rules)
+        # Static analysis of up to 1 MiB of code: off the event loop.
+        env = await asyncio.to_thread(
+            build_environment, env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
+            introduction=body.introduction, rules=body.rules)
     except CatalogError as exc:
-        reason = "syntax_error" if "syntax error" in exc.message else "missing_class"
-        raise InvalidEnvironment(f"{reason}: {exc.message}", reason=reason, field="code") from exc
+        raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
     return _env_detail(await reg.add_environment(env))
 
 

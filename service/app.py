@@ -27,9 +27,16 @@ observations (HTTP 200, `ok: false`); service errors are RFC 9457 problem+json."
 
 
 def load_catalog(settings: Settings) -> Catalog:
+    """Load the configured catalogs; broken packages or scenarios are skipped and logged.
+
+    Raises:
+        CatalogError: a catalog folder does not exist.
+    """
     catalog = Catalog()
     for folder in settings.catalogs or [bundled_catalog_dir()]:
         catalog.load_dir(folder)
+    for problem in catalog.problems:
+        log.warning("catalog: %s", problem)
     return catalog
 
 
@@ -56,24 +63,25 @@ def make_pool(settings: Settings) -> WorkerPool:
     return WorkerPool(backend, settings.workers, settings.limits(), max_requests=settings.worker_max_requests)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
+    """The app; ``catalog`` is loaded from ``settings`` at start-up unless given."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        catalog = load_catalog(settings)
+        loaded = catalog if catalog is not None else load_catalog(settings)
         store = make_store(settings)
         await store.ping()
         pool = make_pool(settings)
         await pool.start()
-        registry = Registry(catalog, store, pool)
+        registry = Registry(loaded, store, pool)
         app.state.settings = settings
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
         app.state.sessions = Sessions(registry, store, pool, settings.lock_wait)
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
-                 len(catalog.environments), len(catalog.scenarios), "redis" if settings.redis_url else "memory",
+                 len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
         try:
             yield

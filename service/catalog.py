@@ -24,13 +24,15 @@ from sandbox.schema import SchemaError, extract_tools
 
 
 class CatalogError(Exception):
-    """A package or record is malformed. ``field`` names the offending part."""
+    """A package or record is malformed. ``field`` names the offending part, ``reason`` the kind."""
 
-    def __init__(self, message: str, *, field: str | None = None, path: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, path: str | None = None,
+                 reason: str = "invalid") -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.path = path
+        self.reason = reason
 
 
 class ConflictError(CatalogError):
@@ -90,6 +92,8 @@ class Scenario:
             checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"]))
         solution = None
         if data.get("reference_solution") is not None:
+            if not isinstance(data["reference_solution"], list):
+                raise CatalogError(f"{where}: reference_solution must be a list", field="reference_solution", path=where)
             solution = []
             for i, call in enumerate(data["reference_solution"]):
                 if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -100,7 +104,14 @@ class Scenario:
                     )
                 arguments = call.get("arguments") or {}
                 if isinstance(arguments, str):
-                    arguments = json.loads(arguments)
+                    try:
+                        arguments = json.loads(arguments)
+                    except json.JSONDecodeError as exc:
+                        raise CatalogError(f"{where}: reference_solution[{i}].arguments is not JSON: {exc}",
+                                           field=f"reference_solution[{i}]", path=where) from exc
+                if not isinstance(arguments, dict):
+                    raise CatalogError(f"{where}: reference_solution[{i}].arguments must be an object",
+                                       field=f"reference_solution[{i}]", path=where)
                 solution.append(ToolCall(name=call["name"], arguments=arguments))
         scenario_id = data.get("scenario_id") or new_scenario_id()
         return cls(
@@ -174,7 +185,7 @@ def build_environment(
     try:
         tools = extract_tools(code, class_name)
     except SchemaError as exc:
-        raise CatalogError(str(exc), field="code") from exc
+        raise CatalogError(str(exc), field="code", reason=exc.reason) from exc
     overrides = tool_overrides or {}
     for tool in tools:
         fn = tool["function"]
@@ -206,6 +217,8 @@ def parse_check(source: str, *, field_name: str = "check") -> None:
         raise CatalogError(
             f"{field_name}: syntax error at line {exc.lineno}: {exc.msg}", field=field_name
         ) from exc
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise CatalogError(f"{field_name}: source cannot be parsed ({type(exc).__name__})", field=field_name) from exc
 
 
 class Catalog:
@@ -214,6 +227,7 @@ class Catalog:
     def __init__(self) -> None:
         self.environments: dict[str, Environment] = {}
         self.scenarios: dict[str, Scenario] = {}
+        self.problems: list[str] = []
 
     def add_environment(self, env: Environment) -> bool:
         """Add ``env``; return False when the same definition is already present.
@@ -256,8 +270,11 @@ class Catalog:
     def load_dir(self, root: Path) -> None:
         """Load every package under ``root`` (a package folder or a folder of them).
 
+        A broken package or scenario is skipped and described in ``problems``, so one bad
+        record does not take a whole catalog down.
+
         Raises:
-            CatalogError: with ``path`` set to the offending file.
+            CatalogError: ``root`` is not a folder.
         """
         root = Path(root)
         if not root.is_dir():
@@ -266,21 +283,26 @@ class Catalog:
             p for p in root.iterdir() if (p / "env.json").is_file()
         )
         for folder in folders:
-            env, scenarios = read_package(folder)
-            self.add_environment(env)
+            try:
+                env, scenarios, problems = read_package(folder)
+                self.add_environment(env)
+            except CatalogError as exc:
+                self.problems.append(f"{exc.path or folder}: {exc.message} (package skipped)")
+                continue
+            self.problems.extend(problems)
             for scenario in scenarios:
                 try:
                     self.add_scenario(scenario)
                 except CatalogError as exc:
-                    exc.path = exc.path or str(folder / "scenarios.jsonl")
-                    raise
+                    self.problems.append(f"{exc.path or folder / 'scenarios.jsonl'}: {scenario.scenario_id}: "
+                                         f"{exc.message} (scenario skipped)")
 
 
-def read_package(folder: Path) -> tuple[Environment, list[Scenario]]:
-    """Read one package folder.
+def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
+    """Read one package folder: the environment, its readable scenarios, and what was wrong with the rest.
 
     Raises:
-        CatalogError: with ``path`` naming the file at fault.
+        CatalogError: the environment itself is unusable; ``path`` names the file at fault.
     """
     manifest_path = folder / "env.json"
     try:
@@ -309,6 +331,7 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario]]:
         exc.path = str(code_path)
         raise
     scenarios: list[Scenario] = []
+    problems: list[str] = []
     scen_path = folder / "scenarios.jsonl"
     if scen_path.is_file():
         for lineno, line in enumerate(scen_path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -318,16 +341,19 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario]]:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise CatalogError(f"{where}: invalid JSON: {exc}", path=where) from exc
-            scenario = Scenario.from_json(data, where=where)
+                problems.append(f"{where}: invalid JSON: {exc} (scenario skipped)")
+                continue
+            try:
+                scenario = Scenario.from_json(data, where=where)
+            except CatalogError as exc:
+                problems.append(f"{exc.message} (scenario skipped)")
+                continue
             if scenario.env_id != env.env_id:
-                raise CatalogError(
-                    f"{where}: env_id '{scenario.env_id}' does not match the package '{env.env_id}'",
-                    field="env_id",
-                    path=where,
-                )
+                problems.append(f"{where}: env_id '{scenario.env_id}' does not match the package '{env.env_id}' "
+                                "(scenario skipped)")
+                continue
             scenarios.append(scenario)
-    return env, scenarios
+    return env, scenarios, problems
 
 
 def write_package(env: Environment, scenarios: list[Scenario], out: Path) -> Path:

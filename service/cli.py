@@ -26,14 +26,15 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.app import create_app
+    from service.app import create_app, load_catalog
 
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    catalog = load_catalog(settings)  # before binding the port: a missing folder is a plain error
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
           flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info")
     return 0
 
 

@@ -1,14 +1,16 @@
-"""ASGI middleware that refuses request bodies over the size limit before they are buffered."""
+"""ASGI middleware that refuses request bodies over the size limit with a 413 problem.
+
+A declared Content-Length over the limit is refused before anything is read.
+Otherwise the body is read here, counting, and handed on only if it stays
+under the limit; the app would buffer it whole anyway, and counting here means
+a chunked body cannot slip past as a parse error.
+"""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.problems import problem_response
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 class BodyLimit:
@@ -24,28 +26,24 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(scope, receive, send)
             return
+        buffered: list[Message] = []
         seen = 0
-        started = False
-
-        async def counted() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge()
-            return message
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyTooLarge:
-            if not started:
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
                 await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem_response(

@@ -112,5 +112,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # the body could not be parsed at all (e.g. nested too deeply)
+            return problem_response(422, "invalid-request", "Invalid request", f"body: {exc.detail}",
+                                    request.url.path, errors=[{"field": "body", "message": str(exc.detail)}])
         slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
         return problem_response(exc.status_code, slug, str(exc.detail), str(exc.detail), request.url.path)

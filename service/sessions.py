@@ -15,15 +15,17 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from sandbox import codec
-from sandbox.errors import RequestFailed, SandboxError
+from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service.catalog import Environment, Scenario
-from service.problems import Conflict, InvalidEnvironment, NotFound, SessionBusy, Unavailable
+from service.problems import Conflict, InvalidEnvironment, InvalidRequest, NotFound, SessionBusy, Unavailable
 from service.registry import Registry, env_code
 from service.store import LockTimeout, SessionMeta, SessionStore, Snapshot, StoreError, new_session_id
 
-# The lock lease outlives the longest call: a load, the call itself, and the pool's guard margins.
-LEASE_SLACK = 30.0
+# The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
+LEASE_SLACK = 15.0
+# Echoed argument values and messages are cut here so an error cannot be larger than the request.
+MAX_MESSAGE = 1000
 
 
 @dataclass
@@ -45,9 +47,14 @@ class Sessions:
         scenario = await self.registry.scenario(scenario_id) if scenario_id else None
         env = await self.registry.environment(scenario.env_id if scenario else str(env_id))
         config = scenario.init_config if scenario else (init_config or {})
+        if _unicode_problem(config):
+            raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
+                                 field="init_config")
         try:
             state = await self.pool.init_state(env_code(env), config)
         except RequestFailed as exc:
+            if exc.kind == "sandbox_error":
+                raise Unavailable(f"the sandbox failed: {exc.message}") from exc
             raise InvalidEnvironment(f"the environment failed to start from this init_config: {exc.message}",
                                      reason=exc.kind) from exc
         except SandboxError as exc:
@@ -67,7 +74,7 @@ class Sessions:
 
     async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str) -> dict[str, Any]:
         """Apply one tool call exactly once. Tool failures are returned, not raised."""
-        lease = self.pool.limits.call_timeout + self.pool.limits.load_timeout + LEASE_SLACK
+        lease = self.pool.longest_request + LEASE_SLACK
         try:
             async with self.store.lock(session_id, self.lock_wait, lease):
                 snap = await self.snapshot(session_id)
@@ -81,6 +88,8 @@ class Sessions:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
+        except SandboxBusy as exc:
+            raise Unavailable(exc.message) from exc
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
@@ -114,9 +123,9 @@ class Sessions:
             self._validators[key] = validator
         error = best_match(validator.iter_errors(arguments))
         if error is None:
-            return None
+            return _unicode_problem(arguments)
         where = "/".join(str(p) for p in error.absolute_path)
-        return f"argument '{where}': {error.message}" if where else error.message
+        return _cut(f"argument '{where}': {error.message}" if where else error.message)
 
     async def state_view(self, session_id: str) -> tuple[int, dict[str, Any]]:
         snap = await self.snapshot(session_id)
@@ -161,6 +170,18 @@ class Sessions:
             return await awaitable
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"
+
+
+def _unicode_problem(value: Any) -> str | None:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "arguments contain text that is not valid Unicode (a lone surrogate)"
+    return None
 
 
 def _failed(kind: str, message: str) -> CallOutcome:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
 from service.catalog import Catalog, CatalogError
 from service.memory_store import MemoryStore
@@ -33,12 +34,16 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
         except CatalogError as exc:
             report.problems.append(f"{exc.path or folder}: {exc.message}")
             return report
+    report.problems.extend(catalog.problems)
     report.environments = len(catalog.environments)
     report.scenarios = len(catalog.scenarios)
     store = MemoryStore()
     sessions = Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60)
     for env in catalog.environments.values():
-        failure = await pool.validate(env_code(env))
+        try:
+            failure = await pool.validate(env_code(env))
+        except SandboxError as exc:
+            failure = {"kind": getattr(exc, "kind", "sandbox_error"), "message": exc.message}
         if failure:
             report.problems.append(f"{env.env_id}: {failure['kind']}: {failure['message']}")
     for scenario in sorted(catalog.scenarios.values(), key=lambda s: s.scenario_id):

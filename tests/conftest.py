@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -148,3 +149,38 @@ def client(server: Server) -> Iterator[httpx.Client]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+SANDBOX_IMAGE = os.environ.get("ENVFOUNDRY_SANDBOX_IMAGE", "envfoundry/sandbox:dev")
+SERVICE_IMAGE = os.environ.get("ENVFOUNDRY_SERVICE_IMAGE", "envfoundry/service:dev")
+REDIS_IMAGE = os.environ.get("ENVFOUNDRY_REDIS_IMAGE", "envfoundry/redis:dev")
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A Docker engine with the project's images, or a skip saying why (a failure under ENVFOUNDRY_REQUIRE_DOCKER=1)."""
+    required = os.environ.get("ENVFOUNDRY_REQUIRE_DOCKER") == "1"
+
+    def unavailable(reason: str) -> None:
+        if required:
+            pytest.fail(f"ENVFOUNDRY_REQUIRE_DOCKER=1 but {reason}")
+        pytest.skip(reason)
+
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        unavailable(f"no Docker engine is reachable ({exc}); scripts/docker-setup starts one")
+    for image in (SANDBOX_IMAGE,):
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            unavailable(f"image {image} is missing; scripts/docker-images builds it")
+    yield client
+    client.close()
+
+
+def containers_of(client: Any, service: str) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": f"envfoundry.service={service}"}))

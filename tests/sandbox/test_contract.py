@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,11 +13,11 @@ import pytest
 
 from sandbox.pool import EnvCode, Limits, WorkerPool
 from service.catalog import Catalog
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, SANDBOX_IMAGE, containers_of
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = ["process"]
+BACKENDS = ["process", "docker"]
 
 
 def _probe() -> EnvCode:
@@ -29,27 +30,42 @@ def _probe() -> EnvCode:
 PROBE = _probe()
 
 
-def make_backend(name: str) -> Any:
-    if name == "process":
+@pytest.fixture(params=BACKENDS)
+def pool_factory(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """Pools of the backend under test; for docker, also asserts no container outlives its pool."""
+    docker = request.getfixturevalue("docker_client") if request.param == "docker" else None
+
+    def backend() -> Any:
+        if docker is not None:
+            from sandbox.container import DockerBackend
+
+            return DockerBackend(SANDBOX_IMAGE, f"eftest-{secrets.token_hex(4)}")
         from sandbox.process import ProcessBackend
 
         return ProcessBackend()
-    raise ValueError(name)
 
-
-@pytest.fixture(params=BACKENDS)
-def pool_factory(request: pytest.FixtureRequest) -> Callable[..., Any]:
     @asynccontextmanager
     async def make(size: int = 2, **limits: Any) -> AsyncIterator[WorkerPool]:
         defaults = {"call_timeout": 3.0, "check_timeout": 2.0, "memory_mb": 256}
-        pool = WorkerPool(make_backend(request.param), size, Limits(**{**defaults, **limits}))
+        pool = WorkerPool(backend(), size, Limits(**{**defaults, **limits}))
         await pool.start()
         try:
             yield pool
         finally:
             await pool.close()
+            if docker is not None:
+                assert containers_of(docker, pool.backend.service) == [], "sandbox containers leaked"
 
     return make
+
+
+def kill_worker(pool: WorkerPool, worker: Any) -> None:
+    """Kill a worker from outside, as a crash or an OOM kill would."""
+    channel = worker.channel
+    if hasattr(channel, "container"):
+        channel.container.kill()
+    else:
+        os.kill(channel.process.pid, 9)
 
 
 async def _state(pool: WorkerPool, config: dict[str, Any] | None = None) -> str:
@@ -124,11 +140,8 @@ async def test_a_killed_worker_is_replaced(pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         state = await _state(pool)
         worker = await pool._idle.get()
-        pid = worker.channel.process.pid if hasattr(worker.channel, "process") else None
+        kill_worker(pool, worker)
         pool._idle.put_nowait(worker)
-        if pid is None:
-            pytest.skip("backend exposes no process to kill")
-        os.kill(pid, 9)
         lost = await pool.call(PROBE, state, "increment", {})
         assert not lost.ok and lost.error["type"] == "sandbox_error"
         out = await pool.call(PROBE, state, "increment", {})
@@ -156,6 +169,12 @@ async def test_other_calls_proceed_while_one_hangs(pool_factory: Any) -> None:
             tg.start_soon(quick)
         assert results["quick"].ok and results["quick_done_before_hang"]
         assert results["hang"].error["type"] == "timeout"
+
+
+async def test_only_loopback_exists(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "network_interfaces", {})
+        assert out.ok and out.result == ["lo"]
 
 
 async def test_network_is_unreachable(pool_factory: Any) -> None:
