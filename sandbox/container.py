@@ -18,10 +18,12 @@ at close it removes its own.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import secrets
 import struct
+from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
@@ -38,6 +40,17 @@ MUX_HEADER = struct.Struct(">BxxxI")
 STDOUT = 1
 # Room above the per-call address-space limit for the worker itself and the fork's copy.
 MEMORY_OVERHEAD_MB = 128
+# What the sandbox image holds; its digest is baked into the image as a label.
+RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "contain.py", "codec.py", "protocol.py")
+RUNTIME_LABEL = "envfoundry.runtime"
+
+
+def runtime_digest() -> str:
+    """Digest of the worker runtime here, to tell whether a sandbox image runs the same code."""
+    digest = hashlib.sha256()
+    for name in RUNTIME_FILES:
+        digest.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 class DockerChannel:
@@ -116,9 +129,12 @@ class DockerBackend:
         """Remove workers an earlier instance of this service left behind when it died."""
         def run() -> int:
             try:
-                self.client.images.get(self.image)
+                image = self.client.images.get(self.image)
             except self._errors.ImageNotFound:
                 raise SandboxError(f"sandbox image '{self.image}' not found (build it: scripts/docker-images)") from None
+            if image.labels.get(RUNTIME_LABEL) != runtime_digest():
+                log.warning("sandbox image %s was built from other worker code than this service's; "
+                            "rebuild it (scripts/docker-images)", self.image)
             stale = [c for c in self.client.containers.list(all=True, filters={"label": f"{SERVICE_LABEL}={self.service}"})
                      if c.labels.get(INSTANCE_LABEL) != self.instance]
             for container in stale:

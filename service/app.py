@@ -60,7 +60,8 @@ def make_pool(settings: Settings) -> WorkerPool:
         from sandbox.process import ProcessBackend
 
         backend = ProcessBackend(uid_base=settings.worker_uid_base)
-    return WorkerPool(backend, settings.workers, settings.limits(), max_requests=settings.worker_max_requests)
+    return WorkerPool(backend, settings.workers, settings.limits(), max_requests=settings.worker_max_requests,
+                      acquire_timeout=settings.sandbox_wait)
 
 
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:

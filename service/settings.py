@@ -44,6 +44,7 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
     max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
+    sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"

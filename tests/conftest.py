@@ -11,8 +11,8 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -173,11 +173,16 @@ def docker_client() -> Iterator[Any]:
         client.ping()
     except docker.errors.DockerException as exc:
         unavailable(f"no Docker engine is reachable ({exc}); scripts/docker-setup starts one")
-    for image in (SANDBOX_IMAGE,):
-        try:
-            client.images.get(image)
-        except docker.errors.ImageNotFound:
-            unavailable(f"image {image} is missing; scripts/docker-images builds it")
+    from sandbox.container import RUNTIME_LABEL, runtime_digest
+
+    try:
+        current = client.images.get(SANDBOX_IMAGE).labels.get(RUNTIME_LABEL) == runtime_digest()
+    except docker.errors.ImageNotFound:
+        current = False
+    if not current:  # missing, or built from older worker code: tests must run this code
+        built = subprocess.run([str(ROOT / "scripts" / "docker-images")], capture_output=True, text=True, timeout=900)
+        if built.returncode != 0:
+            unavailable(f"scripts/docker-images failed: {built.stderr[-2000:]}")
     yield client
     client.close()
 

@@ -334,3 +334,33 @@ async def test_missing_containment_is_reported_loudly(caplog: pytest.LogCaptureF
         assert any("SANDBOX CONTAINMENT MISSING" in r.getMessage() for r in caplog.records)
     finally:
         await pool.close()
+
+
+async def test_a_call_inherits_no_descriptor_but_its_answer_pipe(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "open_descriptors", {})
+        assert out.ok and len(out.result) == 1, out.result  # the worker's protocol pipes are not among them
+
+
+async def test_a_call_that_closes_its_pipe_and_runs_on_is_stopped(pool_factory: Any) -> None:
+    async with pool_factory(call_timeout=2.0) as pool:
+        state = await _state(pool)
+        out = await pool.call(PROBE, state, "close_and_sleep", {"seconds": 100})
+        assert not out.ok and out.error["type"] == "timeout"
+        assert (await pool.call(PROBE, state, "increment", {})).ok
+        assert pool.replaced == 0
+
+
+async def test_async_tools_run_to_completion(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool, {"counter": 1}), "async_increment", {"by": 2})
+        assert out.ok and out.result == 3 and json.loads(out.state)["counter"] == 3
+
+
+async def test_a_class_that_fails_to_load_is_a_sandbox_error_for_the_call(pool_factory: Any) -> None:
+    broken = EnvCode("broken-at-load", "broken", "A", "raise RuntimeError('module code failed')\nclass A:\n    pass\n")
+    async with pool_factory() as pool:
+        out = await pool.call(broken, "{}", "anything", {})
+        assert not out.ok and out.error["type"] == "sandbox_error"
+        assert "load_error" in out.error["message"] and "module code failed" in out.error["message"]
+        assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok

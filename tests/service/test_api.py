@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -334,3 +335,63 @@ def test_openapi_served(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/sessions/{session_id}/calls" in spec["paths"]
     assert json.dumps(spec)
+
+
+def test_lone_surrogates_are_refused_without_harm(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    raw = b'{"name": "add_item", "arguments": {"item_id": "\\ud800", "name": "x"}}'
+    response = client.post(f"/v1/sessions/{sid}/calls", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 200 and response.json()["error"]["type"] == "invalid_arguments"
+    body = problem(client.post("/v1/sessions", content=b'{"env_id": "probe", "init_config": {"a": "\\udfff"}}',
+                               headers={"content-type": "application/json"}), 422, "invalid-request")
+    assert "init_config" in body["detail"]
+    assert call(client, sid, "increment")["ok"]
+
+
+def test_chunked_oversized_body_is_413(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+
+    def chunks() -> Any:
+        yield b'{"name": "increment", "arguments": {"by": "'
+        for _ in range(40):
+            yield b"9" * (1 << 20)
+        yield b'"}}'
+
+    response = client.post(f"/v1/sessions/{sid}/calls", content=chunks(), headers={"content-type": "application/json"})
+    problem(response, 413, "payload-too-large")
+    assert client.get(f"/v1/sessions/{sid}").json()["steps"] == 0
+
+
+def test_unparseable_bodies_are_422(client: httpx.Client) -> None:
+    deep = b'{"name": "x", "arguments": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    sid = new_session(client, env_id="probe")
+    response = client.post(f"/v1/sessions/{sid}/calls", content=deep, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    body = problem(client.post("/v1/scenarios", json={
+        "env_id": "probe", "task": "t", "checklist": [{"item": "deep", "check": "x = " + "-" * 200000 + "1"}]}),
+        422, "invalid-request")
+    assert "checklist[0]" in body["detail"]
+
+
+def test_a_full_sandbox_answers_503_and_applies_nothing(tmp_path: Any) -> None:
+    from tests.conftest import start_server
+
+    server = start_server(tmp_path, workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4",
+                                                          "ENVFOUNDRY_SANDBOX_WAIT": "1"})
+    try:
+        with server.client() as http:
+            busy = new_session(http, env_id="probe")
+            other = new_session(http, env_id="probe")
+            def spin() -> httpx.Response:
+                with server.client() as own:
+                    return own.post(f"/v1/sessions/{busy}/calls", json={"name": "spin"})
+
+            with ThreadPoolExecutor(1) as pool:
+                hang = pool.submit(spin)
+                time.sleep(0.5)
+                problem(http.post(f"/v1/sessions/{other}/calls", json={"name": "increment"}), 503, "unavailable")
+                assert hang.result().json()["error"]["type"] == "timeout"
+            assert http.get(f"/v1/sessions/{other}").json()["steps"] == 0
+            assert call(http, other, "increment")["step"] == 1
+    finally:
+        server.stop()
