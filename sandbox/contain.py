@@ -36,7 +36,9 @@ MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+IPC_RMID = 0
 
 # What a worker's environment may hold; LC_CTYPE is set by Python itself (PEP 538).
 SAFE_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONHASHSEED")
@@ -76,6 +78,31 @@ def die_with_parent() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented here rather than to the host's init, which may not reap."""
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+
+
+def clear_ipc() -> None:
+    """Remove the System V IPC objects of this (private) IPC namespace, which outlive processes."""
+    for table, remove in (("shm", _libc.shmctl), ("sem", _libc.semctl), ("msg", _libc.msgctl)):
+        try:
+            with open(f"/proc/sysvipc/{table}") as listing:
+                rows = listing.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                if table == "sem":
+                    remove(int(fields[1]), 0, IPC_RMID)
+                else:
+                    remove(int(fields[1]), IPC_RMID, None)
 
 
 def _closed_ancestor(path: str) -> str | None:

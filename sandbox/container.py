@@ -29,6 +29,7 @@ from typing import Any
 from sandbox.errors import SandboxError, WorkerLost
 from sandbox.pool import Channel, Limits
 from sandbox.protocol import HEADER, frame_length
+from sandbox.runtime import MAX_HOSTS
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -41,7 +42,8 @@ STDOUT = 1
 # Room above the per-call address-space limit for the worker itself and the fork's copy.
 MEMORY_OVERHEAD_MB = 128
 # What the sandbox image holds; its digest is baked into the image as a label.
-RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "contain.py", "codec.py", "protocol.py")
+RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "contain.py", "codec.py",
+                 "protocol.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -166,8 +168,8 @@ class DockerBackend:
                 user="65534:65534",
                 mem_limit=memory,
                 memswap_limit=memory,
-                # the worker, its call fork, the extra processes allowed, and the init process
-                pids_limit=3 + limits.processes,
+                # init, the worker, its environment hosts, one call fork, and the extra processes allowed
+                pids_limit=3 + MAX_HOSTS + limits.processes,
                 nano_cpus=int(self.cpus * 1e9),
                 ulimits=[self._ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
                 init=True,

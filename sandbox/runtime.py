@@ -1,527 +1,237 @@
-"""What a worker does with each request: load classes, then run calls, inits and checks in forks.
+"""What a worker does with each request. The worker itself never runs environment code.
 
-Requests (all carry ``id``; those about an environment carry ``env`` = its code hash):
+Requests (all carry ``id``; those about an environment carry ``env``, its code hash):
 
-- ``load``      {env, env_id, class_name, code}  compile once into this worker
+- ``load``      {env, env_id, class_name, code}  start the environment's host process (see ``envhost``)
 - ``init``      {env, init_config}               -> {state}
 - ``call``      {env, state, name, arguments}    -> {ok, result, error, state|None, diff}
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
+
+``init``, ``call`` and ``score`` are passed to the environment's host process,
+which runs each in a fork of itself. A host that dies or hangs is killed and
+started again on the next request. After every request the worker empties its
+private /tmp and System V IPC objects, so nothing a call leaves there reaches
+a later one.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-import asyncio
-import builtins
-import functools
-import inspect
-import io
-import json
-import linecache
 import os
 import resource
 import select
+import shutil
 import signal
-import sys
 import time
-import traceback
-import types
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import codec, contain
+from sandbox import contain, envhost, protocol
+from sandbox.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, TIMEOUT, Failure, WorkerLimits, close_inherited, error
 
-# Error types shared with the service's API contract.
-UNKNOWN_TOOL = "unknown_tool"
-INVALID_ARGUMENTS = "invalid_arguments"
-TOOL_EXCEPTION = "tool_exception"
-TIMEOUT = "timeout"
-RESOURCE_LIMIT = "resource_limit"
-SANDBOX_ERROR = "sandbox_error"
-
-DEFAULT_TIMEOUT = 10.0
-MAX_FD = 1 << 16
-# Room for the frame's JSON around the result and state, beyond their own limits.
-FRAME_SLACK = 1 << 20
+# Environment hosts kept per worker; the least recently used goes first.
+MAX_HOSTS = 16
+# Beyond the host's own per-fork deadlines: how long a silent host is given before it is killed.
+HOST_GUARD = 2.0
 
 
 @dataclass
-class WorkerLimits:
-    memory_bytes: int = 512 << 20
-    open_files: int = 64
-    processes: int = 0
-    output_bytes: int = 1 << 20
-
-
-class Failure(Exception):
-    """A request fails with an error type from the API contract."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-class _Interrupt(BaseException):
-    """Raised into environment code; a BaseException so ``except Exception`` cannot swallow it."""
-
-
-class _OutputLimit(_Interrupt):
-    pass
-
-
-class _Deadline(_Interrupt):
-    pass
-
-
-class CappedOutput(io.TextIOBase):
-    """stdout/stderr for environment code: discards text, fails the call past a byte budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.exceeded = False
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        self.budget -= len(text)
-        if self.budget < 0:
-            self.exceeded = True
-            raise _OutputLimit("output limit")
-        return len(text)
-
-
-def _error(kind: str, message: str) -> dict[str, Any]:
-    return {"type": kind, "message": message}
-
-
-def _describe(exc: BaseException, filename_prefix: str = "<env") -> str:
-    """``Type: message`` plus the innermost environment-code line, without our frames."""
-    text = f"{type(exc).__name__}: {exc}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(filename_prefix)]
-    if frames:
-        last = frames[-1]
-        text += f" (line {last.lineno} in {last.name})"
-    return text
-
-
-def public_state(instance: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
-
-
-def instantiate(cls: type, init_config: dict[str, Any]) -> Any:
-    """EnvScaler's convention, kept exactly for compatibility with its released data."""
-    try:
-        instance = cls(init_config)
-    except TypeError:
-        instance = cls()
-    for key, value in init_config.items():
-        setattr(instance, key, value)
-    return instance
+class Host:
+    pid: int
+    to_host: int
+    from_host: int
+    used: float = field(default_factory=time.monotonic)
 
 
 class Runtime:
-    def __init__(self, limits: WorkerLimits) -> None:
+    def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False) -> None:
         self.limits = limits
-        self.modules: dict[str, tuple[types.ModuleType, type]] = {}
+        self.private_tmp = private_tmp
+        self.hosts: dict[str, Host] = {}
+        self.sources: dict[str, dict[str, Any]] = {}
 
-    # -- limits ---------------------------------------------------------------------------
-    def set_worker_limits(self, dedicated_uid: bool) -> None:
+    def set_worker_limits(self) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.limits.open_files, self.limits.open_files))
-        if dedicated_uid:
-            # The worker owns its uid alone: itself, one call fork, and the extra processes allowed.
-            cap = 2 + self.limits.processes
+        if self.limits.dedicated_uid:
+            # Everything under this uid is ours: the hosts, one call fork, and what calls may start.
+            cap = MAX_HOSTS + 8 + self.limits.processes
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
+        contain.become_subreaper()  # orphans of a killed host come back here to be reaped
 
-    def _set_call_limits(self, timeout: float) -> None:
-        memory = self.limits.memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        cpu = int(timeout) + 2
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-
-    # -- dispatch -------------------------------------------------------------------------
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
-        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(self, f"op_{op}", None)
-        if handler is None:
-            return {"id": request.get("id"), "error": _error(SANDBOX_ERROR, f"unknown op {op!r}")}
         try:
-            response = handler(request)
+            if op == "load":
+                self._load(request)
+                response: dict[str, Any] = {"ok": True}
+            elif op == "validate":
+                response = envhost.validate(request, self.limits)
+            elif op in ("init", "call", "score"):
+                response = self._forward(request)
+            else:
+                response = {"error": error(SANDBOX_ERROR, f"unknown op {op!r}")}
         except Failure as exc:
-            response = {"error": _error(exc.kind, exc.message)}
+            response = {"error": error(exc.kind, exc.message)}
         except Exception as exc:  # a bug here must reach the service as a sandbox error, not kill the worker
-            response = {"error": _error(SANDBOX_ERROR, f"worker failed: {type(exc).__name__}: {exc}")}
+            response = {"error": error(SANDBOX_ERROR, f"worker failed: {type(exc).__name__}: {exc}")}
+        finally:
+            self._scrub()
         response["id"] = request.get("id")
         return response
 
-    # -- environments ---------------------------------------------------------------------
-    def _env(self, key: str) -> tuple[types.ModuleType, type]:
-        try:
-            return self.modules[key]
-        except KeyError:
-            raise Failure("not_loaded", f"environment {key[:12]} is not loaded in this worker") from None
-
-    def op_load(self, request: dict[str, Any]) -> dict[str, Any]:
+    # -- hosts ----------------------------------------------------------------------------
+    def _load(self, request: dict[str, Any]) -> None:
         key = request["env"]
-        if key not in self.modules:
-            timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-            self.modules[key] = _compile_env(
-                key, request["env_id"], request["class_name"], request["code"], timeout, self.limits.output_bytes
-            )
-        return {"ok": True}
+        self.sources[key] = {k: request[k] for k in ("env", "env_id", "class_name", "code")}
+        self.sources[key]["timeout"] = float(request.get("timeout", DEFAULT_TIMEOUT))
+        if key not in self.hosts:
+            self._start_host(key)
 
-    def op_validate(self, request: dict[str, Any]) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            try:
-                _, cls = _compile_env(
-                    "validate", request["env_id"], request["class_name"], request["code"], timeout, 1 << 20
-                )
-            except Failure as exc:
-                return {"ok": False, "failure": {"kind": exc.kind, "message": exc.message}}
-            try:
-                instance = instantiate(cls, {})
-            except BaseException as exc:
-                return {"ok": False, "failure": {"kind": "init_error", "message": _describe(exc)}}
-            try:
-                codec.encode_state(public_state(instance), "ef_env_validate")
-            except codec.CodecError as exc:
-                return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
-            return {"ok": True}
-
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        return self._in_fork(run, timeout)
-
-    # -- sessions -------------------------------------------------------------------------
-    def op_init(self, request: dict[str, Any]) -> dict[str, Any]:
-        module, cls = self._env(request["env"])
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-
-        def run() -> dict[str, Any]:
-            try:
-                instance = instantiate(cls, request.get("init_config") or {})
-            except BaseException as exc:
-                raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {_describe(exc)}") from None
-            state = _encode(public_state(instance), module.__name__, max_state)
-            return {"state": state}
-
-        return self._in_fork(run, timeout)
-
-    def op_call(self, request: dict[str, Any]) -> dict[str, Any]:
-        module, cls = self._env(request["env"])
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-        max_result = int(request.get("max_result_bytes", 1 << 20))
-
-        def run() -> dict[str, Any]:
-            before_text: str = request["state"]
-            before = json.loads(before_text)
-            factory: Any = cls  # restore without __init__: the state is already built
-            instance = factory.__new__(factory)
-            instance.__dict__.update(codec.decode(before, _resolver(module)))
-            method = _tool(cls, instance, request["name"])
-            arguments = request.get("arguments") or {}
-            try:
-                inspect.signature(method).bind(**arguments)
-            except TypeError as exc:
-                raise Failure(INVALID_ARGUMENTS, f"{request['name']}: {exc}") from None
-            try:
-                result = method(**arguments)
-                if inspect.iscoroutine(result):  # an async tool: run it to completion here
-                    result = asyncio.run(result)
-            except _Interrupt:
-                raise
-            except MemoryError:
-                raise Failure(RESOURCE_LIMIT, "the tool ran out of memory") from None
-            except BaseException as exc:
-                raise Failure(TOOL_EXCEPTION, _describe(exc)) from None
-            result_view = codec.view(result)
-            result_text = json.dumps(result_view, ensure_ascii=False)
-            if len(result_text.encode()) > max_result:
-                raise Failure(
-                    RESOURCE_LIMIT, f"the tool's result is {len(result_text.encode())} bytes, over the {max_result} byte limit"
-                )
-            after_text = _encode(public_state(instance), module.__name__, max_state)
-            if after_text == before_text:
-                return {"ok": True, "result": result_view, "error": None, "state": None, "diff": codec.diff({}, {})}
-            change = codec.diff(codec.view_encoded(before), codec.view_encoded(json.loads(after_text)))
-            return {"ok": True, "result": result_view, "error": None, "state": after_text, "diff": change}
-
-        return self._in_fork(run, timeout, result_bytes=max_state + max_result + FRAME_SLACK)
-
-    def op_score(self, request: dict[str, Any]) -> dict[str, Any]:
-        module, _ = self._env(request["env"])
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        results = []
-        for i, source in enumerate(request["checks"]):
-            outcome = self._in_fork(functools.partial(_run_check, module, request, i, source), timeout)
-            if "error" in outcome and "passed" not in outcome:
-                outcome = {"passed": False, "error": f"{outcome['error']['type']}: {outcome['error']['message']}"}
-            results.append({"passed": bool(outcome.get("passed")), "error": outcome.get("error")})
-        return {"checks": results}
-
-    # -- forks ----------------------------------------------------------------------------
-    def _in_fork(
-        self, run: Callable[[], dict[str, Any]], timeout: float, result_bytes: int = 64 << 20
-    ) -> dict[str, Any]:
-        """Run ``run`` in a fork of this worker and return its answer, or an error describing its end."""
-        read_fd, write_fd = os.pipe()
+    def _start_host(self, key: str) -> Host:
+        while len(self.hosts) >= MAX_HOSTS:
+            oldest = min(self.hosts, key=lambda k: self.hosts[k].used)
+            self._stop_host(oldest)
+        spec = self.sources[key]
+        to_read, to_write = os.pipe()
+        from_read, from_write = os.pipe()
         parent = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            raise Failure(SANDBOX_ERROR, f"cannot fork a call process: {exc}") from None
-        if pid == 0:  # pragma: no cover - runs in the fork
-            os.close(read_fd)
-            contain.die_with_parent()  # a fork must never outlive a killed worker
-            if os.getppid() != parent:
-                os._exit(1)
-            self._child(run, write_fd, timeout)
-        os.close(write_fd)
-        return self._collect(pid, read_fd, timeout, result_bytes)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the host process
+            try:
+                contain.die_with_parent()
+                if os.getppid() != parent:
+                    os._exit(1)
+                close_inherited(keep=(to_read, from_write))
+                os.setpgid(0, 0)
+                memory = self.limits.memory_bytes
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+                source, sink = os.fdopen(to_read, "rb"), os.fdopen(from_write, "wb")
+                try:
+                    module, cls = envhost.compile_env(key, spec["env_id"], spec["class_name"], spec["code"],
+                                                      spec["timeout"], self.limits.output_bytes)
+                except Failure as exc:
+                    protocol.write_frame(sink, {"error": error(exc.kind, exc.message)})
+                else:
+                    protocol.write_frame(sink, {"ok": True})
+                    envhost.EnvHost(module, cls, self.limits).serve(source, sink)
+            finally:
+                os._exit(0)
+        os.close(to_read)
+        os.close(from_write)
+        host = Host(pid, to_write, from_read)
+        deadline = time.monotonic() + spec["timeout"] + HOST_GUARD
+        answer = _read_answer(host.from_host, deadline)
+        if answer is None or answer.get("error"):
+            _kill(host)
+            if answer is None and time.monotonic() >= deadline:
+                raise Failure(TIMEOUT, f"the module did not load within {spec['timeout']:g} s")
+            if answer is None:
+                raise Failure("load_error", "the module's process died or broke its answer while loading")
+            raise Failure(answer["error"]["type"], answer["error"]["message"])
+        self.hosts[key] = host
+        return host
 
-    def _child(self, run: Callable[[], dict[str, Any]], write_fd: int, timeout: float) -> None:
-        # Nothing the worker holds may reach environment code: above all not its protocol
-        # pipes, through which a call could read or answer other sessions' requests.
-        os.closerange(3, write_fd)
-        os.closerange(write_fd + 1, MAX_FD)
-        output = CappedOutput(self.limits.output_bytes)
-        try:
-            os.setpgid(0, 0)
-            self._set_call_limits(timeout)
-            sys.stdout = sys.stderr = output
-            try:
-                answer = run()
-            except _OutputLimit:
-                answer = {"error": _error(RESOURCE_LIMIT, f"the tool printed more than {self.limits.output_bytes} bytes")}
-            except Failure as exc:
-                answer = {"error": _error(exc.kind, exc.message)}
-            except MemoryError:
-                answer = {"error": _error(RESOURCE_LIMIT, "out of memory")}
-            if output.exceeded:
-                answer = {"error": _error(RESOURCE_LIMIT, f"the tool printed more than {self.limits.output_bytes} bytes")}
-            try:
-                payload = json.dumps(answer, ensure_ascii=False).encode()
-            except UnicodeEncodeError:
-                payload = json.dumps({"error": _error(
-                    TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()
-        except BaseException as exc:  # last resort: the fork must always answer or die
-            payload = json.dumps({"error": _error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
-        view = memoryview(payload)
-        while view:
-            written = os.write(write_fd, view)
-            view = view[written:]
-        os._exit(0)
+    def _stop_host(self, key: str) -> None:
+        _kill(self.hosts.pop(key))
 
-    def _collect(self, pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]:
-        chunks: list[bytes] = []
-        size = 0
-        deadline = time.monotonic() + timeout
-        outcome: str | None = None
+    def _forward(self, request: dict[str, Any]) -> dict[str, Any]:
+        key = request["env"]
+        host = self.hosts.get(key)
+        if host is None:
+            if key not in self.sources:
+                raise Failure("not_loaded", f"environment {key[:12]} is not loaded in this worker")
+            host = self._start_host(key)  # after a crash or an eviction
+        host.used = time.monotonic()
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        rounds = max(1, len(request.get("checks", ()))) if request["op"] == "score" else 1
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    outcome = "timeout"
-                    break
-                ready, _, _ = select.select([read_fd], [], [], remaining)
-                if not ready:
-                    continue
-                chunk = os.read(read_fd, 1 << 20)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > cap:
-                    outcome = "too_big"
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(read_fd)
-        if outcome is None and not _exits_by(pid, deadline):
-            outcome = "timeout"  # it closed its end of the pipe but kept running
-        if outcome:
-            _kill_group(pid)
-        _, status = os.waitpid(pid, 0)
-        _kill_group(pid)  # anything the call started is gone with it
-        if outcome == "timeout":
-            return {"error": _error(TIMEOUT, f"the call ran longer than {timeout:g} s and was stopped")}
-        if outcome == "too_big":
-            return {"error": _error(RESOURCE_LIMIT, f"the call's answer exceeded {cap} bytes")}
-        if chunks and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            _write_all(host.to_host, protocol.encode_frame(request))
+            answer = _read_answer(host.from_host, time.monotonic() + timeout * rounds + HOST_GUARD)
+        except OSError:
+            answer = None
+        if answer is None:
+            self._stop_host(key)
+            return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
+        return answer
+
+    # -- hygiene --------------------------------------------------------------------------
+    def _scrub(self) -> None:
+        """Leave nothing from this request for the next one."""
+        _reap()
+        if not self.private_tmp:
+            return
+        for entry in os.scandir("/tmp"):
             try:
-                answer: dict[str, Any] = json.loads(b"".join(chunks))
-                return answer
-            except ValueError:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
                 pass
-        return {"error": _death(status)}
+        contain.clear_ipc()
 
 
-def _exits_by(pid: int, deadline: float) -> bool:
-    """Wait until ``pid`` exits or ``deadline`` passes; True if it exited."""
+def _kill(host: Host) -> None:
     try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = -1
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if pidfd >= 0:
-                ready, _, _ = select.select([pidfd], [], [], max(remaining, 0))
-                return bool(ready)
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            if remaining <= 0:
-                return False
-            time.sleep(0.001)
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(host.pid, signal.SIGKILL)
     except OSError:
         pass
-
-
-def _death(status: int) -> dict[str, Any]:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU:
-            return _error(TIMEOUT, "the call used up its CPU time and was stopped")
-        if sig == signal.SIGKILL:
-            return _error(RESOURCE_LIMIT, "the call process was killed (out of memory?)")
-        return _error(TOOL_EXCEPTION, f"the tool crashed its process ({signal.Signals(sig).name})")
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-    return _error(TOOL_EXCEPTION, f"the tool ended its process with exit status {code} (os._exit?)")
-
-
-def _encode(state: dict[str, Any], module_name: str, limit: int) -> str:
     try:
-        text = codec.encode_state(state, module_name)
-    except codec.CodecError as exc:
-        raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
-    size = len(text.encode())
-    if size > limit:
-        raise Failure(RESOURCE_LIMIT, f"the state would be {size} bytes, over the {limit} byte limit")
-    return text
+        os.waitpid(host.pid, 0)
+    except ChildProcessError:
+        pass
+    for fd in (host.to_host, host.from_host):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
-def _resolver(module: types.ModuleType) -> Callable[[str], Any]:
-    def resolve(qualname: str) -> Any:
-        target: Any = module
-        for part in qualname.split("."):
-            target = getattr(target, part)
-        return target
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
-    return resolve
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
-    if not isinstance(name, str) or name.startswith("_"):
-        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}")
+def _read_exact(fd: int, size: int, deadline: float) -> bytes | None:
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
+            continue
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_answer(fd: int, deadline: float) -> dict[str, Any] | None:
+    """One frame from a host, or None if it closed, hung or sent garbage."""
+    header = _read_exact(fd, protocol.HEADER.size, deadline)
+    if header is None:
+        return None
     try:
-        attribute = inspect.getattr_static(cls, name)
-    except AttributeError:
-        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}") from None
-    if isinstance(attribute, (property, type)) or not (
-        callable(attribute) or isinstance(attribute, (staticmethod, classmethod))
-    ):
-        raise Failure(UNKNOWN_TOOL, f"{name!r} is not a tool")
-    return getattr(instance, name)  # type: ignore[no-any-return]
-
-
-def _snapshot_modules() -> dict[str, tuple[types.ModuleType, dict[str, Any]]]:
-    return {name: (mod, dict(vars(mod))) for name, mod in list(sys.modules.items()) if mod is not None}
-
-
-def _restore_modules(snapshot: dict[str, tuple[types.ModuleType, dict[str, Any]]]) -> None:
-    """Undo what environment code did at import time to modules (stdlib, builtins) it shares."""
-    for name, (mod, saved) in snapshot.items():
-        if sys.modules.get(name) is not mod:
-            sys.modules[name] = mod
-        current = vars(mod)
-        for key, value in saved.items():
-            if current.get(key, _MISSING) is not value:
-                current[key] = value
-        for key in [k for k in current if k not in saved and not isinstance(current[k], types.ModuleType)]:
-            del current[key]
-
-
-_MISSING = object()
-
-
-def _compile_env(key: str, env_id: str, class_name: str, code: str, timeout: float, output_bytes: int) -> tuple[types.ModuleType, type]:
-    filename = f"<env {env_id}>"
-    try:
-        compiled = compile(code, filename, "exec")
-    except SyntaxError as exc:
-        raise Failure("syntax_error", f"syntax error at line {exc.lineno}: {exc.msg}") from None
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    name = f"ef_env_{key[:16]}"
-    module = types.ModuleType(name)
-    module.__file__ = filename
-    snapshot = _snapshot_modules()
-    sys.modules[name] = module
-    saved_out = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = CappedOutput(output_bytes)
-    previous = signal.signal(signal.SIGALRM, _raise_deadline)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        exec(compiled, module.__dict__)
-    except _Deadline:
-        raise Failure(TIMEOUT, f"the module took longer than {timeout:g} s to load") from None
-    except ImportError as exc:
-        raise Failure("import_error", _describe(exc)) from None
-    except BaseException as exc:
-        raise Failure("load_error", _describe(exc)) from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.stdout, sys.stderr = saved_out
-        _restore_modules(snapshot)
-        sys.modules[name] = module
-    cls = module.__dict__.get(class_name)
-    if not isinstance(cls, type):
-        raise Failure("missing_class", f"the code defines no class named {class_name!r}")
-    return module, cls
-
-
-def _raise_deadline(signum: int, frame: Any) -> None:
-    raise _Deadline()
-
-
-def _run_check(module: types.ModuleType, request: dict[str, Any], index: int, source: str) -> dict[str, Any]:
-    resolve = _resolver(module)
-    final = codec.decode(json.loads(request["state"]), resolve)
-    initial = codec.decode(json.loads(request["initial"]), resolve)
-    namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": f"check_{index}", "initial_state": initial}
-    filename = f"<check {index}>"
-    try:
-        exec(compile(source, filename, "exec"), namespace)
-    except SyntaxError as exc:
-        return {"passed": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
-    except BaseException as exc:
-        return {"passed": False, "error": _describe(exc, "<check")}
-    check = namespace.get("check_func")
-    if not callable(check):
-        return {"passed": False, "error": "the check defines no check_func(final_state)"}
-    try:
-        verdict = check(final)
-    except _Interrupt:
-        raise
-    except BaseException as exc:
-        return {"passed": False, "error": _describe(exc, "<check")}
-    if type(verdict) is not bool:
-        return {"passed": False, "error": f"check_func returned {type(verdict).__name__}, expected bool"}
-    return {"passed": verdict, "error": None}
-
-
+        body = _read_exact(fd, protocol.frame_length(header), deadline)
+        answer = None if body is None else protocol.decode_body(body)
+    except protocol.ProtocolError:
+        return None
+    return answer if isinstance(answer, dict) else None

@@ -24,7 +24,8 @@ if __package__ in (None, ""):
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from sandbox import contain, protocol  # noqa: E402
-from sandbox.runtime import Runtime, WorkerLimits  # noqa: E402
+from sandbox.forks import WorkerLimits  # noqa: E402
+from sandbox.runtime import Runtime  # noqa: E402
 
 # Modules environment code commonly imports; loaded before privileges drop so
 # they come from the warm image rather than from disk at call time.
@@ -74,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         open_files=args.open_files,
         processes=args.processes,
         output_bytes=args.output_bytes,
+        # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
+        dedicated_uid="user" in report["applied"] and not args.container,
     )
-    runtime = Runtime(limits)
-    # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
-    runtime.set_worker_limits(dedicated_uid="user" in report["applied"] and not args.container)
+    # /tmp and the IPC namespace are ours to empty only when confinement made them private.
+    private = args.container or "filesystem" in report["applied"]
+    runtime = Runtime(limits, private_tmp=private)
+    runtime.set_worker_limits()
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.errors import RequestFailed
 from sandbox.pool import EnvCode, Limits, WorkerPool
 from service.catalog import Catalog
 from tests.conftest import FIXTURES, SANDBOX_IMAGE, containers_of
@@ -364,3 +365,78 @@ async def test_a_class_that_fails_to_load_is_a_sandbox_error_for_the_call(pool_f
         assert not out.ok and out.error["type"] == "sandbox_error"
         assert "load_error" in out.error["message"] and "module code failed" in out.error["message"]
         assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok
+
+
+SPY = """
+import builtins
+import resource
+import sys
+
+LOG = []
+try:
+    import sandbox.envhost as host
+    original = host.EnvHost.handle
+
+    def spy(self, request):
+        LOG.append(repr(request)[:4000])
+        return original(self, request)
+
+    host.EnvHost.handle = spy
+    import sandbox.runtime as runtime
+    runtime.Runtime.handle = lambda self, request: {"id": request.get("id"), "ok": True, "hijacked": True}
+except ImportError:
+    pass
+
+
+class Spy:
+    def __init__(self):
+        self.n = 0
+
+    def peek(self) -> list:
+        return list(LOG)
+"""
+
+
+async def test_module_code_of_one_environment_cannot_observe_or_break_another(pool_factory: Any) -> None:
+    spy = EnvCode("spy-env", "spy", "Spy", SPY)
+    async with pool_factory(size=1) as pool:
+        victim = await _state(pool)
+        first = await pool.call(PROBE, victim, "add_item", {"item_id": "pw", "name": "VICTIM-SECRET-1"})
+        assert first.ok
+        spy_state = await pool.init_state(spy, {})
+        assert (await pool.call(spy, spy_state, "peek", {})).ok
+        second = await pool.call(PROBE, first.state, "add_item", {"item_id": "pw2", "name": "VICTIM-SECRET-2"})
+        assert second.ok and "VICTIM-SECRET-2" in second.state  # the worker still answers for real
+        tagged = await pool.call(PROBE, second.state, "tag", {"tag": "x"})
+        assert tagged.ok and tagged.result == ["x"]
+        assert (await pool.call(PROBE, second.state, "open_files", {"count": 10})).ok
+        seen = await pool.call(spy, spy_state, "peek", {})
+        assert seen.ok and "VICTIM-SECRET" not in json.dumps(seen.result)
+
+
+SABOTEUR = """
+import builtins
+import resource
+import sys
+
+builtins.len = lambda value: 0
+builtins.sorted = None
+resource.setrlimit(resource.RLIMIT_NOFILE, (5, 5))
+sys.modules["json"].dumps = lambda *args, **kwargs: "garbage"
+
+
+class Saboteur:
+    def noop(self) -> None:
+        return None
+"""
+
+
+async def test_module_code_that_sabotages_its_process_harms_only_its_own_environment(pool_factory: Any) -> None:
+    saboteur = EnvCode("saboteur-env", "saboteur", "Saboteur", SABOTEUR)
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        with pytest.raises(RequestFailed):
+            await pool.init_state(saboteur, {})
+        tagged = await pool.call(PROBE, state, "tag", {"tag": "x"})  # uses sorted() and json
+        assert tagged.ok and tagged.result == ["x"]
+        assert (await pool.call(PROBE, state, "open_files", {"count": 20})).ok

@@ -1,0 +1,294 @@
+"""An environment's own process: its class compiled once, every request run in a fork of it.
+
+The worker never runs environment code itself. For each environment it forks
+a host process that compiles the class (module code runs there, once) and
+then serves that environment's inits, calls and checks, each in a fork of
+itself. Module code therefore only ever shares a process with requests for
+its own environment, and nothing a call does outlives the call.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+import inspect
+import json
+import linecache
+import signal
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from sandbox import codec, protocol
+from sandbox.forks import (
+    DEFAULT_TIMEOUT,
+    INVALID_ARGUMENTS,
+    RESOURCE_LIMIT,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    TOOL_EXCEPTION,
+    UNKNOWN_TOOL,
+    CappedOutput,
+    Deadline,
+    Failure,
+    Interrupt,
+    WorkerLimits,
+    describe,
+    error,
+    in_fork,
+)
+
+# Room for the frame's JSON around the result and state, beyond their own limits.
+FRAME_SLACK = 1 << 20
+
+
+def public_state(instance: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
+
+
+def instantiate(cls: type, init_config: dict[str, Any]) -> Any:
+    """EnvScaler's convention, kept exactly for compatibility with its released data."""
+    try:
+        instance = cls(init_config)
+    except TypeError:
+        instance = cls()
+    for key, value in init_config.items():
+        setattr(instance, key, value)
+    return instance
+
+
+def module_name(key: str) -> str:
+    return f"ef_env_{key[:16]}"
+
+
+def compile_env(key: str, env_id: str, class_name: str, code: str, timeout: float,
+                output_bytes: int) -> tuple[types.ModuleType, type]:
+    """Run the module code of an environment in this process and return its class.
+
+    Raises:
+        Failure: kind ``syntax_error``, ``import_error``, ``load_error``, ``timeout`` or ``missing_class``.
+    """
+    filename = f"<env {env_id}>"
+    try:
+        compiled = compile(code, filename, "exec")
+    except SyntaxError as exc:
+        raise Failure("syntax_error", f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise Failure("syntax_error", f"source cannot be compiled ({type(exc).__name__})") from None
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    module = types.ModuleType(module_name(key))
+    module.__file__ = filename
+    sys.modules[module.__name__] = module  # pickle finds the environment's classes here
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = CappedOutput(output_bytes)
+    previous = signal.signal(signal.SIGALRM, _raise_deadline)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        exec(compiled, module.__dict__)
+    except Deadline:
+        raise Failure(TIMEOUT, f"the module took longer than {timeout:g} s to load") from None
+    except ImportError as exc:
+        raise Failure("import_error", describe(exc)) from None
+    except BaseException as exc:
+        raise Failure("load_error", describe(exc)) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.stdout, sys.stderr = saved
+    cls = module.__dict__.get(class_name)
+    if not isinstance(cls, type):
+        raise Failure("missing_class", f"the code defines no class named {class_name!r}")
+    return module, cls
+
+
+def _raise_deadline(signum: int, frame: Any) -> None:
+    raise Deadline()
+
+
+def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
+    """Load and instantiate with ``{}``, in a throwaway fork, exactly as a real load would."""
+    timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+
+    def run() -> dict[str, Any]:
+        key = request.get("env") or "validate"
+        try:
+            module, cls = compile_env(key, request["env_id"], request["class_name"], request["code"], timeout,
+                                      limits.output_bytes)
+        except Failure as exc:
+            return {"ok": False, "failure": {"kind": exc.kind, "message": exc.message}}
+        try:
+            instance = instantiate(cls, {})
+        except BaseException as exc:
+            return {"ok": False, "failure": {"kind": "init_error", "message": describe(exc)}}
+        try:
+            codec.encode_state(public_state(instance), module.__name__)
+        except codec.CodecError as exc:
+            return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
+        return {"ok": True}
+
+    return in_fork(run, timeout, limits)
+
+
+class EnvHost:
+    """Serves one environment's requests, read from ``source`` and answered on ``sink``."""
+
+    def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits) -> None:
+        self.module = module
+        self.cls = cls
+        self.limits = limits
+
+    def serve(self, source: BinaryIO, sink: BinaryIO) -> None:
+        while True:
+            try:
+                request = protocol.read_frame(source)
+            except protocol.ProtocolError:
+                return
+            protocol.write_frame(sink, self.handle(request))
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        try:
+            if op == "init":
+                return self.init(request)
+            if op == "call":
+                return self.call(request)
+            if op == "score":
+                return self.score(request)
+            return {"error": error(SANDBOX_ERROR, f"unknown op {op!r}")}
+        except Failure as exc:
+            return {"error": error(exc.kind, exc.message)}
+        except Exception as exc:  # a bug here must reach the service as a sandbox error
+            return {"error": error(SANDBOX_ERROR, f"environment host failed: {type(exc).__name__}: {exc}")}
+
+    def init(self, request: dict[str, Any]) -> dict[str, Any]:
+        module, cls = self.module, self.cls
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        max_state = int(request.get("max_state_bytes", 1 << 24))
+
+        def run() -> dict[str, Any]:
+            try:
+                instance = instantiate(cls, request.get("init_config") or {})
+            except BaseException as exc:
+                raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
+            state = _encode(public_state(instance), module.__name__, max_state)
+            return {"state": state}
+
+        return in_fork(run, timeout, self.limits)
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        module, cls = self.module, self.cls
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        max_state = int(request.get("max_state_bytes", 1 << 24))
+        max_result = int(request.get("max_result_bytes", 1 << 20))
+
+        def run() -> dict[str, Any]:
+            before_text: str = request["state"]
+            before = json.loads(before_text)
+            factory: Any = cls  # restore without __init__: the state is already built
+            instance = factory.__new__(factory)
+            instance.__dict__.update(codec.decode(before, _resolver(module)))
+            method = _tool(cls, instance, request["name"])
+            arguments = request.get("arguments") or {}
+            try:
+                inspect.signature(method).bind(**arguments)
+            except TypeError as exc:
+                raise Failure(INVALID_ARGUMENTS, f"{request['name']}: {exc}") from None
+            try:
+                result = method(**arguments)
+                if inspect.iscoroutine(result):  # an async tool: run it to completion here
+                    result = asyncio.run(result)
+            except Interrupt:
+                raise
+            except MemoryError:
+                raise Failure(RESOURCE_LIMIT, "the tool ran out of memory") from None
+            except BaseException as exc:
+                raise Failure(TOOL_EXCEPTION, describe(exc)) from None
+            result_view = codec.view(result)
+            result_text = json.dumps(result_view, ensure_ascii=False)
+            if len(result_text.encode()) > max_result:
+                raise Failure(
+                    RESOURCE_LIMIT, f"the tool's result is {len(result_text.encode())} bytes, over the {max_result} byte limit"
+                )
+            after_text = _encode(public_state(instance), module.__name__, max_state)
+            if after_text == before_text:
+                return {"ok": True, "result": result_view, "error": None, "state": None, "diff": codec.diff({}, {})}
+            change = codec.diff(codec.view_encoded(before), codec.view_encoded(json.loads(after_text)))
+            return {"ok": True, "result": result_view, "error": None, "state": after_text, "diff": change}
+
+        return in_fork(run, timeout, self.limits, result_bytes=max_state + max_result + FRAME_SLACK)
+
+    def score(self, request: dict[str, Any]) -> dict[str, Any]:
+        module = self.module
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        results = []
+        for i, source in enumerate(request["checks"]):
+            outcome = in_fork(functools.partial(_run_check, module, request, i, source), timeout, self.limits)
+            if "error" in outcome and "passed" not in outcome:
+                outcome = {"passed": False, "error": f"{outcome['error']['type']}: {outcome['error']['message']}"}
+            results.append({"passed": bool(outcome.get("passed")), "error": outcome.get("error")})
+        return {"checks": results}
+
+
+def _encode(state: dict[str, Any], module_name: str, limit: int) -> str:
+    try:
+        text = codec.encode_state(state, module_name)
+    except codec.CodecError as exc:
+        raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
+    size = len(text.encode())
+    if size > limit:
+        raise Failure(RESOURCE_LIMIT, f"the state would be {size} bytes, over the {limit} byte limit")
+    return text
+
+
+def _resolver(module: types.ModuleType) -> Callable[[str], Any]:
+    def resolve(qualname: str) -> Any:
+        target: Any = module
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        return target
+
+    return resolve
+
+
+def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
+    if not isinstance(name, str) or name.startswith("_"):
+        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}")
+    try:
+        attribute = inspect.getattr_static(cls, name)
+    except AttributeError:
+        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}") from None
+    if isinstance(attribute, (property, type)) or not (
+        callable(attribute) or isinstance(attribute, (staticmethod, classmethod))
+    ):
+        raise Failure(UNKNOWN_TOOL, f"{name!r} is not a tool")
+    return getattr(instance, name)  # type: ignore[no-any-return]
+
+
+def _run_check(module: types.ModuleType, request: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+    resolve = _resolver(module)
+    final = codec.decode(json.loads(request["state"]), resolve)
+    initial = codec.decode(json.loads(request["initial"]), resolve)
+    namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": f"check_{index}", "initial_state": initial}
+    filename = f"<check {index}>"
+    try:
+        exec(compile(source, filename, "exec"), namespace)
+    except SyntaxError as exc:
+        return {"passed": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
+    except BaseException as exc:
+        return {"passed": False, "error": describe(exc, "<check")}
+    check = namespace.get("check_func")
+    if not callable(check):
+        return {"passed": False, "error": "the check defines no check_func(final_state)"}
+    try:
+        verdict = check(final)
+    except Interrupt:
+        raise
+    except BaseException as exc:
+        return {"passed": False, "error": describe(exc, "<check")}
+    if type(verdict) is not bool:
+        return {"passed": False, "error": f"check_func returned {type(verdict).__name__}, expected bool"}
+    return {"passed": verdict, "error": None}

@@ -1,0 +1,272 @@
+"""Running a piece of environment code in a fork, with limits, and turning its end into an answer.
+
+Every call, init and check runs in a fork of a process that holds the
+environment's class: the fork closes everything it inherited, sets its limits,
+runs, writes one JSON answer to a pipe and exits. Whatever it does to class
+attributes, globals or builtins dies with it, and however it ends (exception,
+exit, signal, hang, memory) the parent gets an answer describing that.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox import contain
+
+# Error types shared with the service's API contract.
+UNKNOWN_TOOL = "unknown_tool"
+INVALID_ARGUMENTS = "invalid_arguments"
+TOOL_EXCEPTION = "tool_exception"
+TIMEOUT = "timeout"
+RESOURCE_LIMIT = "resource_limit"
+SANDBOX_ERROR = "sandbox_error"
+
+DEFAULT_TIMEOUT = 10.0
+MAX_FD = 1 << 16
+
+
+@dataclass
+class WorkerLimits:
+    memory_bytes: int = 512 << 20
+    open_files: int = 64
+    processes: int = 0
+    output_bytes: int = 1 << 20
+    dedicated_uid: bool = False  # no process outside this worker shares its uid
+
+
+class Failure(Exception):
+    """A request fails with an error type from the API contract."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class Interrupt(BaseException):
+    """Raised into environment code; a BaseException so ``except Exception`` cannot swallow it."""
+
+
+class OutputLimit(Interrupt):
+    pass
+
+
+class Deadline(Interrupt):
+    pass
+
+
+class CappedOutput(io.TextIOBase):
+    """stdout/stderr for environment code: discards text, fails the call past a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.exceeded = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.budget -= len(text)
+        if self.budget < 0:
+            self.exceeded = True
+            raise OutputLimit("output limit")
+        return len(text)
+
+
+def error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "message": message}
+
+
+def describe(exc: BaseException, filename_prefix: str = "<env") -> str:
+    """``Type: message`` plus the innermost environment-code line, without our frames."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(filename_prefix)]
+    if frames:
+        last = frames[-1]
+        text += f" (line {last.lineno} in {last.name})"
+    return text
+
+
+def close_inherited(keep: tuple[int, ...]) -> None:
+    """Close every descriptor above stderr but ``keep``: environment code must not reach
+    the worker's protocol pipes, through which it could read or answer other requests."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, MAX_FD)
+
+
+def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLimits,
+            result_bytes: int = 64 << 20) -> dict[str, Any]:
+    """Run ``run`` in a fork and return its answer, or an error describing how it ended."""
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise Failure(SANDBOX_ERROR, f"cannot fork a call process: {exc}") from None
+    if pid == 0:  # pragma: no cover - runs in the fork
+        contain.die_with_parent()  # a fork must never outlive its parent
+        if os.getppid() != parent:
+            os._exit(1)
+        _child(run, write_fd, timeout, limits)
+    os.close(write_fd)
+    return _collect(pid, read_fd, timeout, result_bytes)
+
+
+def _set_call_limits(timeout: float, limits: WorkerLimits) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    cpu = int(timeout) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if limits.processes == 0:
+        # Counted per uid, so any value at or below the processes already running forbids a fork.
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+    elif limits.dedicated_uid:
+        allowed = _processes_of(os.getuid()) + limits.processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (allowed, allowed))
+    # (with a shared uid and extra processes allowed, the container's pids limit is the bound)
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits) -> None:
+    close_inherited(keep=(write_fd,))
+    output = CappedOutput(limits.output_bytes)
+    printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
+    try:
+        os.setpgid(0, 0)
+        _set_call_limits(timeout, limits)
+        sys.stdout = sys.stderr = output
+        try:
+            answer = run()
+        except OutputLimit:
+            answer = {"error": printed_too_much}
+        except Failure as exc:
+            answer = {"error": error(exc.kind, exc.message)}
+        except MemoryError:
+            answer = {"error": error(RESOURCE_LIMIT, "out of memory")}
+        if output.exceeded:
+            answer = {"error": printed_too_much}
+        try:
+            payload = json.dumps(answer, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            payload = json.dumps({"error": error(
+                TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()
+    except BaseException as exc:  # last resort: the fork must always answer or die
+        payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
+    view = memoryview(payload)
+    while view:
+        written = os.write(write_fd, view)
+        view = view[written:]
+    os._exit(0)
+
+
+def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + timeout
+    outcome: str | None = None
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcome = "timeout"
+                break
+            ready, _, _ = select.select([read_fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(read_fd, 1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > cap:
+                outcome = "too_big"
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    if outcome is None and not _exits_by(pid, deadline):
+        outcome = "timeout"  # it closed its end of the pipe but kept running
+    if outcome:
+        _kill_group(pid)
+    _, status = os.waitpid(pid, 0)
+    _kill_group(pid)  # anything the call started is gone with it
+    if outcome == "timeout":
+        return {"error": error(TIMEOUT, f"the call ran longer than {timeout:g} s and was stopped")}
+    if outcome == "too_big":
+        return {"error": error(RESOURCE_LIMIT, f"the call's answer exceeded {cap} bytes")}
+    if chunks and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        try:
+            answer: dict[str, Any] = json.loads(b"".join(chunks))
+            return answer
+        except ValueError:
+            pass
+    return {"error": _death(status)}
+
+
+
+def _exits_by(pid: int, deadline: float) -> bool:
+    """Wait until ``pid`` exits or ``deadline`` passes; True if it exited."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = -1
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if pidfd >= 0:
+                ready, _, _ = select.select([pidfd], [], [], max(remaining, 0))
+                return bool(ready)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+            if remaining <= 0:
+                return False
+            time.sleep(0.001)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _death(status: int) -> dict[str, Any]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return error(TIMEOUT, "the call used up its CPU time and was stopped")
+        if sig == signal.SIGKILL:
+            return error(RESOURCE_LIMIT, "the call process was killed (out of memory?)")
+        return error(TOOL_EXCEPTION, f"the tool crashed its process ({signal.Signals(sig).name})")
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return error(TOOL_EXCEPTION, f"the tool ended its process with exit status {code} (os._exit?)")
