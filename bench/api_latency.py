@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
