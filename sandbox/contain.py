@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -35,6 +36,13 @@ MS_BIND = 4096
 MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+# The new mount API (Linux 5.2+); these numbers are the same on every architecture.
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+OPEN_TREE_CLONE = 1
+AT_RECURSIVE = 0x8000
+AT_FDCWD = -100
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -125,37 +133,76 @@ def _readable_roots() -> list[str]:
     return sorted(os.path.realpath(r) for r in roots)
 
 
-def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> None:
+def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> list[str]:
+    """Cover /tmp with a private tmpfs, the other world-writable folders and closed home folders
+    (e.g. /root and its secrets) with empty read-only ones, then put back, read-only, the folders
+    Python and this runtime are read from, wherever they lie (a checkout in /tmp included).
+
+    Returns the folders put back under /tmp, which the worker must not empty.
+    """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     # sysfs shows the network namespace of whoever mounted it: remount it for ours.
     try:
         _mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError:
         pass
+    shared = [f for f in SHARED_WRITABLE if os.path.isdir(f) and not os.path.islink(f)]
+    roots = _outermost(_readable_roots())
+    closed = {a for a in (_closed_ancestor(r) for r in roots) if a}
+    covered = ["/tmp", *shared, *sorted(closed)]
+    kept = [(root, _detach_copy(root)) for root in roots if any(_under(root, c) for c in covered)]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
-    for folder in SHARED_WRITABLE:
-        if os.path.isdir(folder) and not os.path.islink(folder):
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0755")
-    closed: dict[str, list[str]] = {}
-    for root in _readable_roots():
-        ancestor = _closed_ancestor(root)
-        if ancestor:
-            closed.setdefault(ancestor, []).append(root)
-    for ancestor, roots in closed.items():
-        staged = []
-        for i, root in enumerate(roots):
-            stage = f"/tmp/.stage{i}"
-            os.mkdir(stage)
-            _mount(root, stage, None, MS_BIND | MS_REC)
-            staged.append((stage, root))
-        # Hide the closed folder (e.g. /root and its secrets), then put back only what Python needs.
-        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for stage, root in staged:
-            os.makedirs(root, exist_ok=True)
-            _mount(stage, root, None, MS_MOVE)
-            _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-            os.rmdir(stage)
-        _mount(None, ancestor, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for folder in [*shared, *sorted(closed)]:
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    for root, tree in kept:
+        os.makedirs(root, exist_ok=True)
+        _move_mount(tree, root)
+        os.close(tree)
+        _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for folder in [*shared, *sorted(closed)]:
+        _mount(None, folder, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    return [root for root, _ in kept if _under(root, "/tmp")]
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """Drop paths inside other paths of the list."""
+    return [p for p in paths if not any(p != q and _under(p, q) for q in paths)]
+
+
+def _detach_copy(path: str) -> int:
+    """A detached copy of the mount tree at ``path`` (open_tree), to attach again after covering it."""
+    fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"open_tree {path}: {os.strerror(err)}")
+    return int(fd)
+
+
+def _move_mount(tree: int, target: str) -> None:
+    _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+           f"move_mount {target}")
+
+
+def _enter_pid_namespace() -> None:
+    """Continue as PID 1 of a new PID namespace with its own /proc, so environment code sees no
+    host process (command lines of the service included).
+
+    The process the service started stays outside as a plain waiter: when the service kills it,
+    the kernel kills this one (parent-death signal), and with it the whole namespace.
+    """
+    _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    child = os.fork()
+    if child > 0:
+        os.closerange(0, 1 << 16)  # the protocol belongs to the child now
+        _, status = os.waitpid(child, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    die_with_parent()
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
@@ -212,6 +259,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
     """Confine this process; return which primitives hold and why any is missing."""
     applied: list[str] = []
     missing: dict[str, str] = {}
+    kept: list[str] = []
     if os.geteuid() == 0:
         try:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -219,7 +267,12 @@ def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
         except OSError as exc:
             missing["network"] = f"cannot create a network namespace ({exc})"
         try:
-            _isolate_filesystem(uid, gid, tmp_size_mb)
+            _enter_pid_namespace()
+            applied.append("processes")
+        except OSError as exc:
+            missing["processes"] = f"cannot create a PID namespace: host processes stay visible ({exc})"
+        try:
+            kept = _isolate_filesystem(uid, gid, tmp_size_mb)
             applied.append("filesystem")
         except OSError as exc:
             missing["filesystem"] = f"cannot build a private mount namespace ({exc})"
@@ -255,4 +308,4 @@ def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
         os.chdir("/tmp")
     except OSError:
         pass
-    return {"applied": applied, "missing": missing, "uid": os.getuid()}
+    return {"applied": applied, "missing": missing, "uid": os.getuid(), "preserve": kept}

@@ -46,9 +46,11 @@ class Host:
 
 
 class Runtime:
-    def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False) -> None:
+    def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None) -> None:
         self.limits = limits
         self.private_tmp = private_tmp
+        # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
+        self.preserve = list(preserve or [])
         self.hosts: dict[str, Host] = {}
         self.sources: dict[str, dict[str, Any]] = {}
 
@@ -164,6 +166,8 @@ class Runtime:
         if not self.private_tmp:
             return
         for entry in os.scandir("/tmp"):
+            if any(p == entry.path or p.startswith(entry.path + "/") for p in self.preserve):
+                continue
             try:
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path, ignore_errors=True)

@@ -440,3 +440,11 @@ async def test_module_code_that_sabotages_its_process_harms_only_its_own_environ
         tagged = await pool.call(PROBE, state, "tag", {"tag": "x"})  # uses sorted() and json
         assert tagged.ok and tagged.result == ["x"]
         assert (await pool.call(PROBE, state, "open_files", {"count": 20})).ok
+
+
+async def test_host_processes_are_invisible(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "visible_processes", {})
+        assert out.ok and out.result, out
+        assert not any("pytest" in line or "uvicorn" in line or "envfoundry serve" in line for line in out.result)
+        assert len(out.result) <= 8  # the worker, its environment host and this call
