@@ -143,11 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the CLI reports our errors plainly instead of a traceback
+        from pydantic import ValidationError
+
         from service.catalog import CatalogError
 
         if isinstance(exc, CatalogError):
             print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
             return 1
+        if isinstance(exc, ValidationError):
+            for problem in exc.errors():
+                where = ".".join(str(part) for part in problem["loc"])
+                print(f"error: setting {where}: {problem['msg']}", file=sys.stderr)
+            return 2
         raise
 
 

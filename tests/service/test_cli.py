@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -66,3 +67,12 @@ def test_import_then_export_envscaler_json(tmp_path: Path) -> None:
     for env_id, meta in original.items():
         assert again[env_id]["env_class_code"] == meta["env_class_code"]
     assert all(isinstance(s["init_config"], dict) for s in json.loads(scenarios_out.read_text()))
+
+
+def test_bad_settings_and_missing_catalogs_are_plain_errors() -> None:
+    missing = run("serve", "--catalog", "/nonexistent/catalog")
+    assert missing.returncode == 1 and "catalog folder not found" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    bad = subprocess.run([sys.executable, "-m", "service.cli", "serve"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60, env={**os.environ, "ENVFOUNDRY_SANDBOX": "bogus"})
+    assert bad.returncode == 2 and "setting sandbox" in bad.stderr and "Traceback" not in bad.stderr
