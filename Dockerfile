@@ -25,6 +25,7 @@ COPY wheelhouse/ /wheels/
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY sandbox ./sandbox
+COPY synthesis ./synthesis
 COPY catalog ./catalog
 RUN if ls /wheels/*.whl >/dev/null 2>&1; then pip install --no-cache-dir --quiet --no-index --find-links /wheels envfoundry; \
     else pip install --no-cache-dir --quiet .; fi && rm -rf /wheels

@@ -113,7 +113,8 @@ class Scenario:
                     raise CatalogError(f"{where}: reference_solution[{i}].arguments must be an object",
                                        field=f"reference_solution[{i}]", path=where)
                 solution.append(ToolCall(name=call["name"], arguments=arguments))
-        scenario_id = data.get("scenario_id") or new_scenario_id()
+        # Without an id, derive one from the content: every replica and restart must agree on it.
+        scenario_id = data.get("scenario_id") or content_scenario_id(data)
         return cls(
             scenario_id=str(scenario_id),
             env_id=str(data["env_id"]),
@@ -165,6 +166,13 @@ class Environment:
 
 def new_scenario_id() -> str:
     return "scn_" + secrets.token_hex(8)
+
+
+def content_scenario_id(data: dict[str, Any]) -> str:
+    digest = hashlib.sha256(
+        json.dumps([data.get("env_id"), data.get("task"), data.get("init_config")], sort_keys=True).encode()
+    ).hexdigest()
+    return "scn_" + digest[:16]
 
 
 def build_environment(

@@ -130,6 +130,10 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--envs-out", required=True, metavar="ENVS.json")
     exp.add_argument("--scenarios-out", required=True, metavar="SCENARIOS.json")
     exp.set_defaults(run=cmd_export)
+    from synthesis.cli import add_parser as add_synth_parser
+
+    add_synth_parser(sub)
+
     spec = sub.add_parser("openapi", help="print the OpenAPI document (openapi/openapi.json is this output)")
     spec.add_argument("--out", metavar="FILE")
     spec.set_defaults(run=cmd_openapi)

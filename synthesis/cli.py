@@ -1,0 +1,77 @@
+"""``envfoundry synth``: run the synthesis pipeline from the command line.
+
+Wired into ``service.cli`` with ``add_parser(sub)``; also runnable alone as
+``python -m synthesis.cli synth all --config FILE --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from synthesis.config import api_key, load_config
+from synthesis.errors import ConfigError
+
+# The pipeline (and through it the sandbox and the service) is imported only when a stage runs,
+# so registering the command costs every other ``envfoundry`` command nothing. Same as pipeline.STAGES.
+STAGES = ("themes", "skeletons", "assess", "scenarios")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``synth themes|skeletons|assess|scenarios|all``; each sets ``run`` to a handler returning an exit code."""
+    synth = sub.add_parser("synth", help="make environments and scenarios with an OpenAI-compatible LLM")
+    stages = synth.add_subparsers(dest="stage", required=True)
+    helps = {
+        "themes": "judge corpus tasks and deduplicate the environments they need",
+        "skeletons": "plan and write each environment's class",
+        "assess": "test each environment with a testing and a checking agent, in the sandbox",
+        "scenarios": "generate and validate scenarios, then publish the catalog",
+        "all": "every stage in order (resumes an interrupted run)",
+    }
+    for name in (*STAGES, "all"):
+        cmd = stages.add_parser(name, help=helps[name])
+        cmd.add_argument("--config", required=True, type=Path, metavar="FILE", help="TOML or JSON run configuration")
+        cmd.add_argument("--out", required=True, type=Path, metavar="DIR", help="output catalog folder")
+        cmd.add_argument("--corpus", type=Path, metavar="FILE", help="JSONL of tasks (overrides the config)")
+        cmd.add_argument("--max-envs", type=int, metavar="N", help="environments taken past theme mining")
+        cmd.add_argument("--scenarios-per-env", type=int, metavar="N")
+        cmd.add_argument("--concurrency", type=int, metavar="N", help="items and LLM requests at once")
+        cmd.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
+        cmd.set_defaults(run=cmd_synth, stages=STAGES if name == "all" else (name,))
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """0: done and the catalog validates; 1: the catalog has problems; 2: unusable configuration or input.
+
+    Items that failed (the LLM gave up, the sandbox broke) are listed in the
+    summary and retried by the next run; they do not change the exit code.
+    """
+    try:
+        config = load_config(args.config).with_run(
+            max_envs=args.max_envs, scenarios_per_env=args.scenarios_per_env, concurrency=args.concurrency
+        )
+        if args.corpus is not None:
+            config = config.model_copy(update={"corpus": args.corpus.resolve()})
+        key = api_key(config)
+        from synthesis.pipeline import run
+
+        result = asyncio.run(run(config, args.out, tuple(args.stages), api_key=key, use_cache=not args.no_cache))
+    except ConfigError as exc:
+        print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
+        return 2
+    print(result.table)
+    print(f"summary: {args.out / '_work' / 'summary.json'}")
+    return 0 if result.catalog_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = argparse.ArgumentParser(prog="envfoundry")
+    add_parser(root.add_subparsers(dest="command", required=True))
+    args = root.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""What every stage works with: config, workspace, LLM client, the sandbox pool, and the item runner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from sandbox.errors import SandboxError
+from sandbox.pool import WorkerPool
+from synthesis.cache import ResponseCache
+from synthesis.config import SynthConfig
+from synthesis.errors import Dropped, SynthesisError
+from synthesis.llm import LLMClient
+from synthesis.progress import Progress
+from synthesis.report import DROPPED, FAILED, KEPT, StageReport
+from synthesis.usage import Ledger
+from synthesis.workspace import RecordFile, Workspace
+
+Work = Callable[[str], Awaitable[dict[str, Any]]]
+
+
+class Context:
+    def __init__(self, config: SynthConfig, out: Path, *, api_key: str | None, stream: TextIO, use_cache: bool = True) -> None:
+        self.config = config
+        self.workspace = Workspace(out)
+        self.ledger = Ledger(config.prices)
+        cache = ResponseCache(self.workspace.cache) if use_cache else None
+        self.client = LLMClient(config, self.ledger, api_key=api_key, cache=cache)
+        self.stream = stream
+        self._pool: WorkerPool | None = None
+        self._pool_lock = asyncio.Lock()  # items ask for the pool concurrently; start it once
+
+    async def pool(self) -> WorkerPool:
+        """The sandbox pool, started on first use with the service's own limits."""
+        async with self._pool_lock:
+            if self._pool is None:
+                from service.app import make_pool
+                from service.settings import Settings
+
+                pool = make_pool(Settings(workers=self.config.run.sandbox_workers))
+                await pool.start()
+                self._pool = pool
+            return self._pool
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def run_items(self, stage: str, keys: list[str], records: RecordFile, work: Work) -> StageReport:
+        """Run ``work(key)`` for every key without a finished record, ``run.concurrency`` at a time.
+
+        Kept and dropped items are finished: a rerun skips them. Failed items are
+        tried again. ``work`` returns the record's fields (``status`` included) or
+        raises ``Dropped``; any other ``SynthesisError`` or a sandbox error fails
+        that item only. A bug (any other exception) stops the run.
+        """
+        existing = records.load()
+        report = StageReport(stage)
+        progress = Progress(stage, len(keys), self.stream)
+        todo = []
+        for key in keys:
+            record = existing.get(key)
+            if record is not None and record.get("status") in (KEPT, DROPPED):
+                report.count(record, resumed=True)
+                progress.update("resumed")
+            else:
+                todo.append(key)
+        slots = asyncio.Semaphore(self.config.run.concurrency)
+
+        async def one(key: str) -> None:
+            async with slots:
+                record = await _attempt(key, work)
+            records.append(record)
+            report.count(record)
+            progress.update(str(record["status"]))
+
+        async with asyncio.TaskGroup() as group:
+            for key in todo:
+                group.create_task(one(key))
+        progress.close()
+        return report
+
+
+async def _attempt(key: str, work: Work) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        fields = await work(key)
+    except Dropped as exc:
+        fields = {"status": DROPPED, "reason": exc.reason, "detail": exc.detail}
+    except SynthesisError as exc:
+        fields = {"status": FAILED, "error": exc.message}
+    except SandboxError as exc:
+        fields = {"status": FAILED, "error": f"sandbox: {exc.message}"}
+    return {"key": key, **fields, "seconds": round(time.monotonic() - started, 3)}

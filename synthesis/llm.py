@@ -1,0 +1,193 @@
+"""The client of an OpenAI-compatible endpoint: ``/chat/completions`` and ``/embeddings`` over httpx.
+
+vLLM, Ollama, llama.cpp's server, LiteLLM and OpenAI itself all speak this
+wire format, so they are configurations of this one client, not separate
+implementations. It bounds requests in flight, retries 429, 5xx, timeouts and
+connection errors with exponential backoff (honouring ``Retry-After``) and
+gives up after ``max_attempts`` with ``LLMGaveUp``; answers are cached on
+disk by content, and identical requests in flight at once are sent once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from synthesis.cache import ResponseCache, request_key
+from synthesis.config import Role, SynthConfig
+from synthesis.errors import LLMGaveUp, LLMRejected
+from synthesis.usage import Ledger
+
+Message = dict[str, str]
+Check = Callable[[Any], None]  # raises on a response body of the wrong shape
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str | None
+    cached: bool
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class LLMClient:
+    def __init__(
+        self,
+        config: SynthConfig,
+        ledger: Ledger,
+        *,
+        api_key: str | None = None,
+        cache: ResponseCache | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.cache = cache
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=config.llm.base_url.rstrip("/") + "/", headers=headers, timeout=config.llm.timeout
+        )
+        self._slots = asyncio.Semaphore(concurrency or config.run.concurrency)
+        self._inflight: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def chat(self, role: Role, messages: list[Message], *, stage: str) -> Completion:
+        """One completion for ``messages`` from the model configured for ``role``.
+
+        Raises:
+            LLMGaveUp: retryable failures persisted for ``llm.max_attempts`` tries.
+            LLMRejected: the endpoint refused the request (bad model name, bad key, ...).
+        """
+        body: dict[str, Any] = {
+            "model": self.config.model_for(role),
+            "messages": messages,
+            "temperature": self.config.llm.temperature,
+            "max_tokens": self.config.llm.max_tokens,
+        }
+        data, cached = await self._cached("chat/completions", body, role, stage, _check_chat)
+        choice = data["choices"][0]
+        return Completion(str(choice["message"].get("content") or ""), choice.get("finish_reason"), cached)
+
+    async def embed(self, texts: list[str], *, stage: str) -> list[list[float]]:
+        """One vector per text, in order, from ``llm.embedding_model``.
+
+        Raises:
+            LLMGaveUp, LLMRejected: as for ``chat``.
+        """
+        body = {"model": self.config.model_for("embedding"), "input": texts}
+        data, _ = await self._cached("embeddings", body, "embedding", stage, _check_embeddings)
+        rows = sorted(data["data"], key=lambda row: int(row.get("index", 0)))
+        return [[float(x) for x in row["embedding"]] for row in rows]
+
+    async def _cached(
+        self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check
+    ) -> tuple[dict[str, Any], bool]:
+        key = request_key({"endpoint": endpoint, **body})
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.ledger.cache_hit(stage)
+                return hit, True
+        pending = self._inflight.get(key)
+        if pending is not None:  # the same request is on its way: share its answer
+            self.ledger.cache_hit(stage)
+            return await asyncio.shield(pending), True
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            data = await self._post(endpoint, body, role, stage, check)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # consumed here: no "exception never retrieved" when nobody shared it
+            raise
+        finally:
+            del self._inflight[key]
+        future.set_result(data)
+        if self.cache is not None:
+            self.cache.put(key, {"endpoint": endpoint, **body}, data)
+        return data, False
+
+    async def _post(self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check) -> dict[str, Any]:
+        attempts = self.config.llm.max_attempts
+        model = str(body["model"])
+        last = ""
+        for attempt in range(1, attempts + 1):
+            self.ledger.request(stage)
+            try:
+                data = await self._send(endpoint, body, model, check)
+            except _Retryable as exc:
+                last = exc.reason
+                if attempt < attempts:
+                    await asyncio.sleep(self._delay(attempt, exc.retry_after))
+                continue
+            usage = data.get("usage") or {}
+            self.ledger.answer(stage, role, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            return data
+        raise LLMGaveUp(endpoint, model, attempts, last)
+
+    async def _send(self, endpoint: str, body: dict[str, Any], model: str, check: Check) -> dict[str, Any]:
+        async with self._slots:  # backoff sleeps happen outside: a waiting retry holds no slot
+            try:
+                response = await self._http.post(endpoint, json=body)
+            except httpx.TimeoutException:
+                raise _Retryable(f"no answer within {self.config.llm.timeout:g} s") from None
+            except httpx.TransportError as exc:
+                raise _Retryable(f"connection failed: {type(exc).__name__}: {exc}") from None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise _Retryable(f"HTTP {status}: {response.text[:200]}", _retry_after(response))
+        if status != 200:
+            raise LLMRejected(endpoint, model, status, response.text[:500])
+        try:
+            data = response.json()
+            check(data)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            # A proxy or an overloaded server can answer 200 with junk; a retry usually helps.
+            raise _Retryable(f"malformed response body: {exc}") from None
+        result: dict[str, Any] = data
+        return result
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        llm = self.config.llm
+        delay: float = min(llm.backoff_max, llm.backoff_initial * (1 << (attempt - 1)))
+        delay *= 0.5 + random.random() / 2  # jitter: concurrent retries do not stampede together
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return min(delay, llm.backoff_max)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value: str | None = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: rare from LLM servers; plain backoff is good enough
+
+
+def _check_chat(data: Any) -> None:
+    message = data["choices"][0]["message"]
+    if not isinstance(message, dict):
+        raise TypeError("choices[0].message is not an object")
+
+
+def _check_embeddings(data: Any) -> None:
+    if not isinstance(data["data"], list) or not all(isinstance(row["embedding"], list) for row in data["data"]):
+        raise TypeError("data[].embedding is missing")

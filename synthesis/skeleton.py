@@ -1,0 +1,102 @@
+"""Stage 2, skeleton synthesis: plan the state and rules, write the class, plan and write the operations."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sandbox.errors import RequestFailed
+from sandbox.pool import EnvCode
+from service.catalog import CatalogError, Environment, build_environment
+from synthesis import dedup
+from synthesis.answers import Operation, parse_operation_plan, parse_state_plan
+from synthesis.assembly import assemble
+from synthesis.context import Context
+from synthesis.dialogue import ask
+from synthesis.errors import AnswerRejected, ConfigError, Dropped
+from synthesis.prompts import render
+from synthesis.report import KEPT, StageReport
+from synthesis.sources import MethodSource, parse_class_code, parse_method
+
+STAGE = "skeletons"
+
+
+def env_code(env: Environment) -> EnvCode:
+    return EnvCode(key=env.code_hash, env_id=env.env_id, class_name=env.class_name, code=env.code)
+
+
+def environment(record: dict[str, Any]) -> Environment:
+    """The environment a kept skeleton record describes. Raises CatalogError if the code is unusable."""
+    return build_environment(
+        env_id=record["key"], class_name=record["class_name"], code=record["code"], summary=record["summary"],
+        introduction=record["introduction"], rules=record["rules"],
+    )  # fmt: skip
+
+
+async def run(ctx: Context) -> StageReport:
+    if not ctx.workspace.environments.is_file():
+        raise ConfigError("no environments yet: run `synth themes` first")
+    themes = {env["env_id"]: env for env in dedup.environments(ctx)}
+
+    async def build(key: str) -> dict[str, Any]:
+        return await build_skeleton(ctx, themes[key])
+
+    return await ctx.run_items(STAGE, sorted(themes), ctx.workspace.skeletons, build)
+
+
+async def build_skeleton(ctx: Context, theme: dict[str, Any]) -> dict[str, Any]:
+    env_id = theme["env_id"]
+    about = {"env_name": env_id, "summary": theme["summary"], "introduction": theme["introduction"]}
+    plan = await ask(ctx.client, "generator", render("state_plan", env=env_id, **about), parse_state_plan, stage=STAGE)
+    attributes = [e.container for e in plan.entities] + [s.name for s in plan.settings]
+    state_code = await ask(
+        ctx.client, "generator",
+        render("state_code", env=env_id, class_name=plan.class_name, plan=plan.to_json(), **about),
+        lambda answer: parse_class_code(answer, plan.class_name, attributes), stage=STAGE,
+    )  # fmt: skip
+    rules = "\n".join(f"- {rule}" for rule in plan.rules)
+    operations = await ask(
+        ctx.client, "generator",
+        render("operation_plan", env=env_id, class_name=plan.class_name, rules=rules, state_code=state_code, **about),
+        lambda answer: parse_operation_plan(answer, set(attributes)), stage=STAGE,
+    )  # fmt: skip
+    names = ", ".join(op.name for op in operations)
+
+    async def write(op: Operation) -> MethodSource | str:
+        prompt = render(
+            "operation_code", env=env_id, item=op.name, class_name=plan.class_name, rules=rules, state_code=state_code,
+            operation={"name": op.name, "kind": op.kind, "description": op.description,
+                       "parameters": [vars(a) for a in op.parameters]},
+            all_operations=names,
+        )  # fmt: skip
+        try:
+            return await ask(ctx.client, "generator", prompt, lambda answer: parse_method(answer, op.name), stage=STAGE)
+        except AnswerRejected as exc:
+            return f"{op.name}: {exc.last}"  # one bad method costs that operation, not the environment
+
+    written = await asyncio.gather(*(write(op) for op in operations))
+    methods = [m for m in written if isinstance(m, MethodSource)]
+    lost = [m for m in written if isinstance(m, str)]
+    kinds = {op.name: op.kind for op in operations}
+    kept_kinds = {kinds[m.name] for m in methods}
+    if kept_kinds != {"query", "change"}:
+        raise Dropped("too_few_operations", "needs at least one working query and one state change; lost: " + "; ".join(lost))
+    assembled = assemble(state_code, plan.class_name, methods)
+    try:
+        env = build_environment(env_id=env_id, class_name=plan.class_name, code=assembled.code, summary=theme["summary"],
+                                introduction=theme["introduction"], rules=plan.rules)  # fmt: skip
+    except CatalogError as exc:
+        raise Dropped("unreadable_tools", exc.message) from exc
+    pool = await ctx.pool()
+    try:
+        failure = await pool.validate(env_code(env))
+    except RequestFailed as exc:  # e.g. a module that loops at import: the code's fault, not the sandbox's
+        failure = {"kind": exc.kind, "message": exc.message}
+    if failure is not None:
+        raise Dropped("does_not_load", f"{failure['kind']}: {failure['message']}")
+    return {
+        "status": KEPT, "class_name": plan.class_name, "code": assembled.code, "summary": theme["summary"],
+        "introduction": theme["introduction"], "rules": plan.rules, "plan": plan.to_json(),
+        "operations": [{"name": op.name, "kind": op.kind} for op in operations if op.name in env.tool_names],
+        "lost_operations": lost, "skipped_functions": assembled.skipped, "tools": sorted(env.tool_names),
+    }  # fmt: skip

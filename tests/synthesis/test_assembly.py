@@ -1,0 +1,61 @@
+"""Assembling a class from the state code and the methods: imports hoisted and merged, indentation matched."""
+
+from __future__ import annotations
+
+import ast
+
+from service.catalog import build_environment
+from synthesis.assembly import assemble, merge_imports
+from synthesis.sources import MethodSource
+from tests.synthesis.conftest import fixture_skeleton
+
+STATE = '''from typing import Dict
+
+# Module comment kept with the class below.
+class Shelf:
+  """Two-space indentation, as some models write."""
+
+  def __init__(self):
+    self.items: Dict[str, int] = {}
+'''
+
+
+def method(name: str, body: str, imports: list[str] | None = None) -> MethodSource:
+    return MethodSource(name, imports or [], {name: f"def {name}(self) -> dict:\n{body}"})
+
+
+def test_imports_are_hoisted_merged_and_deduplicated() -> None:
+    assert merge_imports([
+        "from typing import Dict", "import json", "from typing import Any, Dict", "from __future__ import annotations",
+        "import datetime as dt", "import json", "from collections import Counter as C",
+    ]) == [
+        "from __future__ import annotations", "import datetime as dt", "import json",
+        "from collections import Counter as C", "from typing import Any, Dict",
+    ]  # fmt: skip
+
+
+def test_methods_follow_the_class_body_indentation() -> None:
+    out = assemble(STATE, "Shelf", [method("count", '  return {"success": True, "data": len(self.items)}',
+                                           ["import json", "from typing import Any"])])  # fmt: skip
+    tree = ast.parse(out.code)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    assert [f.name for f in cls.body if isinstance(f, ast.FunctionDef)] == ["__init__", "count"]
+    assert out.code.startswith("import json\nfrom typing import Any, Dict\n")
+    assert "# Module comment kept with the class below." in out.code
+
+
+def test_a_name_already_defined_is_kept_once_and_reported() -> None:
+    first = method("count", '  return {"success": True}')
+    again = MethodSource("other", [], {"other": 'def other(self):\n  return {"success": True}',
+                                       "count": 'def count(self):\n  return {"success": False}'})  # fmt: skip
+    out = assemble(STATE, "Shelf", [first, again])
+    assert out.code.count("def count") == 1 and out.skipped == ["other: count is already defined"]
+
+
+def test_fixture_environment_assembles_into_working_tools() -> None:
+    record = fixture_skeleton("clinic_appointments")
+    env = build_environment(env_id="clinic_appointments", class_name=record["class_name"], code=record["code"])
+    assert env.tool_names == {"get_owner_pets", "list_pet_appointments", "list_vets", "find_available_slots",
+                              "book_appointment", "cancel_appointment"}  # fmt: skip
+    assert record["code"].count("def _check_date") == 1  # two methods brought it; the first wins
+    assert record["code"].splitlines()[:2] == ["import datetime", "from typing import Any, Dict, List, Literal, Optional, TypedDict"]

@@ -1,0 +1,95 @@
+"""Stage 5: a scenario is kept only if its reference solution makes every check pass, in the sandbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandbox.pool import WorkerPool
+from service.catalog import Environment
+from synthesis import replay
+from synthesis.answers import Call, parse_checklist, parse_init_states, parse_solution
+from synthesis.errors import Dropped
+from synthesis.skeleton import env_code, environment
+from synthesis.sources import parse_check_func
+from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest
+
+pytestmark = pytest.mark.anyio
+CLINIC = ANSWERS / "clinic_appointments"
+
+
+def clinic() -> Environment:
+    return environment(fixture_skeleton("clinic_appointments"))
+
+
+def scenario(env: Environment, item: str) -> tuple[dict[str, Any], list[Call], list[replay.Check]]:
+    index = int(item[1:]) - 1
+    config = parse_init_states(latest(CLINIC / "init_states", "scenarios"), 2)[index].init_config
+    calls = parse_solution(latest(CLINIC / "solution", item), env.tool_names)
+    items = parse_checklist(latest(CLINIC / "checklist", item))
+    checks = [replay.Check(c.item, c.kind, parse_check_func(latest(CLINIC / "check_func", f"{item}-c{j}")))
+              for j, c in enumerate(items, start=1)]  # fmt: skip
+    return config, calls, checks
+
+
+async def run(pool: WorkerPool, env: Environment, config: dict[str, Any], calls: list[Call],
+              checks: list[replay.Check]) -> list[dict[str, Any]]:  # fmt: skip
+    initial = await pool.init_state(env_code(env), config)
+    return await replay.replay(pool, env, initial, calls, checks)
+
+
+async def test_the_reference_solution_passes_every_check(pool: WorkerPool) -> None:
+    env = clinic()
+    trace = await run(pool, env, *scenario(env, "s01"))
+    assert [t["name"] for t in trace][-2:] == ["cancel_appointment", "book_appointment"]
+    assert trace[3]["result"]["data"] == ["10:00", "11:00", "14:00", "15:00"]
+    assert trace[-1]["result"]["data"]["appointment_id"] == "A0006"
+
+
+async def test_a_change_check_that_already_holds_initially_drops_the_scenario(pool: WorkerPool) -> None:
+    env = clinic()
+    with pytest.raises(Dropped) as caught:
+        await run(pool, env, *scenario(env, "s02"))
+    assert caught.value.reason == "check_passes_initially"
+    assert caught.value.detail == "Pet P005 (Pepper) has no booked appointment in June 2024."
+
+
+async def test_a_solution_that_misses_a_step_fails_its_check(pool: WorkerPool) -> None:
+    env = clinic()
+    config, calls, checks = scenario(env, "s01")
+    with pytest.raises(Dropped) as caught:
+        await run(pool, env, config, calls[:-1], checks)
+    assert caught.value.reason == "check_fails_after_solution"
+    assert caught.value.detail.startswith("A new appointment exists for pet P003") and "(returned False)" in caught.value.detail
+
+
+@pytest.mark.parametrize(("call", "reason", "detail"), [
+    (Call("book_appointment", {"pet_id": "P003"}), "solution_invalid_call", "'vet_id' is a required property"),
+    (Call("cancel_appointment", {"appointment_id": 3}), "solution_invalid_call", "argument 'appointment_id': 3 is not of type 'string'"),
+    (Call("cancel_appointment", {"appointment_id": "A0001"}), "solution_call_refused", "A0001' is completed"),
+    (Call("drop_tables", {}), "solution_invalid_call", "unknown tool 'drop_tables'"),
+])  # fmt: skip
+async def test_a_bad_reference_call_drops_the_scenario(pool: WorkerPool, call: Call, reason: str, detail: str) -> None:
+    env = clinic()
+    config, calls, checks = scenario(env, "s01")
+    with pytest.raises(Dropped) as caught:
+        await run(pool, env, config, [calls[0], call, *calls[1:]], checks)
+    assert caught.value.reason == reason and detail in caught.value.detail
+    assert caught.value.detail.startswith(f"calls[1] {call.name}")
+
+
+async def test_lookups_alone_change_nothing(pool: WorkerPool) -> None:
+    env = clinic()
+    config, calls, checks = scenario(env, "s01")
+    with pytest.raises(Dropped, match="solution_changes_nothing"):
+        await run(pool, env, config, calls[:4], checks)
+
+
+async def test_a_tool_that_raises_is_a_solution_call_error(pool: WorkerPool) -> None:
+    env = environment(fixture_skeleton("parking_permits"))
+    config = parse_init_states(latest(ANSWERS / "parking_permits" / "init_states", "assessment"), 1)[0].init_config
+    check = replay.Check("PP-1001 is cancelled.", "change", "def check_func(final_state):\n    return False\n")
+    with pytest.raises(Dropped) as caught:
+        await run(pool, env, config, [Call("get_permit", {"permit_id": "PP-0000"})], [check])
+    assert caught.value.reason == "solution_call_error" and "tool_exception: KeyError" in caught.value.detail
