@@ -168,8 +168,9 @@ class DockerBackend:
                 user="65534:65534",
                 mem_limit=memory,
                 memswap_limit=memory,
-                # init, the worker, its environment hosts, one call fork, and the extra processes allowed
-                pids_limit=3 + MAX_HOSTS + limits.processes,
+                # init, the worker, its environment hosts and their spare forks, one call fork, and the
+                # extra processes allowed
+                pids_limit=3 + 2 * MAX_HOSTS + limits.processes,
                 nano_cpus=int(self.cpus * 1e9),
                 ulimits=[self._ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
                 init=True,

@@ -36,10 +36,14 @@ from sandbox.forks import (
     Deadline,
     Failure,
     Interrupt,
+    Spare,
     WorkerLimits,
     describe,
     error,
     in_fork,
+    reap,
+    run_on_spare,
+    spawn_spare,
 )
 
 # Room for the frame's JSON around the result and state, beyond their own limits.
@@ -140,6 +144,8 @@ class EnvHost:
         self.module = module
         self.cls = cls
         self.limits = limits
+        self.spare: Spare | None = None
+        self.pending: list[int] = []
 
     def serve(self, source: BinaryIO, sink: BinaryIO) -> None:
         while True:
@@ -148,6 +154,15 @@ class EnvHost:
             except protocol.ProtocolError:
                 return
             protocol.write_frame(sink, self.handle(request))
+            # Between requests, off the caller's clock: finish the last fork, prepare the next.
+            for pid in self.pending:
+                reap(pid)
+            self.pending.clear()
+            if self.spare is None:
+                try:
+                    self.spare = spawn_spare(self.runner, self.limits)
+                except Failure:
+                    pass  # the next request forks on demand and reports why that fails
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -164,9 +179,34 @@ class EnvHost:
         except Exception as exc:  # a bug here must reach the service as a sandbox error
             return {"error": error(SANDBOX_ERROR, f"environment host failed: {type(exc).__name__}: {exc}")}
 
+    def runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        """What a fork runs for ``request`` (built in the fork, from the request it received)."""
+        if request.get("op") == "init":
+            return self._init_runner(request)
+        if request.get("op") == "call":
+            return self._call_runner(request)
+        raise Failure(SANDBOX_ERROR, f"op {request.get('op')!r} does not run on a spare fork")
+
+    def _on_spare(self, request: dict[str, Any], result_bytes: int) -> dict[str, Any]:
+        spare, self.spare = self.spare, None
+        if spare is None:
+            spare = spawn_spare(self.runner, self.limits)
+        answer, pending = run_on_spare(spare, request, result_bytes)
+        if pending:
+            self.pending.append(spare.pid)
+        return answer
+
     def init(self, request: dict[str, Any]) -> dict[str, Any]:
+        max_state = int(request.get("max_state_bytes", 1 << 24))
+        return self._on_spare(request, max_state + FRAME_SLACK)
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        max_state = int(request.get("max_state_bytes", 1 << 24))
+        max_result = int(request.get("max_result_bytes", 1 << 20))
+        return self._on_spare(request, max_state + max_result + FRAME_SLACK)
+
+    def _init_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         module, cls = self.module, self.cls
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         max_state = int(request.get("max_state_bytes", 1 << 24))
 
         def run() -> dict[str, Any]:
@@ -177,11 +217,10 @@ class EnvHost:
             state = _encode(public_state(instance), module.__name__, max_state)
             return {"state": state}
 
-        return in_fork(run, timeout, self.limits)
+        return run
 
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _call_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         module, cls = self.module, self.cls
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         max_state = int(request.get("max_state_bytes", 1 << 24))
         max_result = int(request.get("max_result_bytes", 1 << 20))
 
@@ -219,7 +258,7 @@ class EnvHost:
             change = codec.diff(codec.view_encoded(before), codec.view_encoded(json.loads(after_text)))
             return {"ok": True, "result": result_view, "error": None, "state": after_text, "diff": change}
 
-        return in_fork(run, timeout, self.limits, result_bytes=max_state + max_result + FRAME_SLACK)
+        return run
 
     def score(self, request: dict[str, Any]) -> dict[str, Any]:
         module = self.module

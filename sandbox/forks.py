@@ -17,6 +17,7 @@ import os
 import resource
 import select
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox import contain
+from sandbox import contain, protocol
 
 # Error types shared with the service's API contract.
 UNKNOWN_TOOL = "unknown_tool"
@@ -36,6 +37,8 @@ SANDBOX_ERROR = "sandbox_error"
 
 DEFAULT_TIMEOUT = 10.0
 MAX_FD = 1 << 16
+# A fork's answer is length-prefixed, so it is complete before the fork has finished exiting.
+ANSWER_HEADER = struct.Struct(">Q")
 
 
 @dataclass
@@ -130,6 +133,73 @@ def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLim
     return _collect(pid, read_fd, timeout, result_bytes)
 
 
+@dataclass
+class Spare:
+    """A fork made ahead of time, waiting on ``request_fd`` for the request it will run."""
+
+    pid: int
+    request_fd: int
+    answer_fd: int
+
+
+def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]]], limits: WorkerLimits) -> Spare:
+    """Fork now, while nothing waits, so the next request skips the fork.
+
+    The fork is a copy of a process that runs no environment code between requests, so it is
+    the same fork a request would have made; it reads one request, runs it, answers, and exits.
+    """
+    request_read, request_write = os.pipe()
+    answer_read, answer_write = os.pipe()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in (request_read, request_write, answer_read, answer_write):
+            os.close(fd)
+        raise Failure(SANDBOX_ERROR, f"cannot fork a call process: {exc}") from None
+    if pid == 0:  # pragma: no cover - runs in the fork
+        contain.die_with_parent()
+        if os.getppid() != parent:
+            os._exit(1)
+        close_inherited(keep=(request_read, answer_write))
+        with os.fdopen(request_read, "rb") as source:
+            try:
+                request = protocol.read_frame(source)
+            except protocol.ProtocolError:
+                os._exit(0)
+        _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits)
+    os.close(request_read)
+    os.close(answer_write)
+    return Spare(pid, request_write, answer_read)
+
+
+def run_on_spare(spare: Spare, request: dict[str, Any], result_bytes: int) -> tuple[dict[str, Any], bool]:
+    """Hand ``request`` to ``spare``; return its answer and whether the spare still needs reaping."""
+    timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+    try:
+        frame = protocol.encode_frame(request)
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(spare.request_fd, view):]
+    except OSError:
+        pass  # it died while waiting; _collect reports how
+    finally:
+        os.close(spare.request_fd)
+    answer = _collect(spare.pid, spare.answer_fd, timeout, result_bytes, reap=False)
+    try:
+        done, _ = os.waitpid(spare.pid, os.WNOHANG)
+    except ChildProcessError:
+        done = spare.pid
+    return answer, done == 0
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def _set_call_limits(timeout: float, limits: WorkerLimits) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     cpu = int(timeout) + 2
@@ -180,20 +250,22 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
                 TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()
     except BaseException as exc:  # last resort: the fork must always answer or die
         payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
-    view = memoryview(payload)
+    view = memoryview(ANSWER_HEADER.pack(len(payload)) + payload)
     while view:
         written = os.write(write_fd, view)
         view = view[written:]
     os._exit(0)
 
 
-def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]:
-    chunks: list[bytes] = []
-    size = 0
+def _collect(pid: int, read_fd: int, timeout: float, cap: int, *, reap: bool = True) -> dict[str, Any]:
+    """Read a fork's answer; stop it at the deadline or the size cap. With ``reap`` false a fork
+    that answered in full is only signalled, and the caller waits for it later (off the critical path)."""
+    buffer = bytearray()
+    expected: int | None = None
     deadline = time.monotonic() + timeout
     outcome: str | None = None
     try:
-        while True:
+        while expected is None or len(buffer) < ANSWER_HEADER.size + expected:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome = "timeout"
@@ -204,31 +276,32 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]
             chunk = os.read(read_fd, 1 << 20)
             if not chunk:
                 break
-            size += len(chunk)
-            if size > cap:
-                outcome = "too_big"
-                break
-            chunks.append(chunk)
+            buffer += chunk
+            if expected is None and len(buffer) >= ANSWER_HEADER.size:
+                (expected,) = ANSWER_HEADER.unpack_from(buffer)
+                if expected > cap:
+                    outcome = "too_big"
+                    break
     finally:
         os.close(read_fd)
+    if outcome is None and expected is not None and len(buffer) >= ANSWER_HEADER.size + expected:
+        _kill_group(pid)  # done: anything it started goes with it
+        try:
+            answer: dict[str, Any] = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
+        except ValueError:
+            answer = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+        if reap:
+            os.waitpid(pid, 0)
+        return answer
     if outcome is None and not _exits_by(pid, deadline):
         outcome = "timeout"  # it closed its end of the pipe but kept running
-    if outcome:
-        _kill_group(pid)
+    _kill_group(pid)
     _, status = os.waitpid(pid, 0)
-    _kill_group(pid)  # anything the call started is gone with it
     if outcome == "timeout":
         return {"error": error(TIMEOUT, f"the call ran longer than {timeout:g} s and was stopped")}
     if outcome == "too_big":
         return {"error": error(RESOURCE_LIMIT, f"the call's answer exceeded {cap} bytes")}
-    if chunks and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        try:
-            answer: dict[str, Any] = json.loads(b"".join(chunks))
-            return answer
-        except ValueError:
-            pass
     return {"error": _death(status)}
-
 
 
 def _exits_by(pid: int, deadline: float) -> bool:

@@ -58,8 +58,9 @@ class Runtime:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.limits.open_files, self.limits.open_files))
         if self.limits.dedicated_uid:
-            # Everything under this uid is ours: the hosts, one call fork, and what calls may start.
-            cap = MAX_HOSTS + 8 + self.limits.processes
+            # Everything under this uid is ours: the hosts, their spare forks, one call fork, and
+            # what calls may start.
+            cap = 2 * MAX_HOSTS + 8 + self.limits.processes
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
         contain.become_subreaper()  # orphans of a killed host come back here to be reaped
 
