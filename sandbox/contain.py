@@ -45,14 +45,16 @@ AT_FDCWD = -100
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 IPC_RMID = 0
 
 # What a worker's environment may hold; LC_CTYPE is set by Python itself (PEP 538).
 SAFE_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONHASHSEED")
 
-# Folders every user may write to on a Debian host; each gets covered.
-SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue", "/var/lock")
+# Folders every user may write to on a Debian host, and /run, where services keep their Unix
+# sockets (a network namespace does not separate those); each gets covered by an empty tmpfs.
+SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/dev/mqueue", "/run", "/var/run", "/var/lock")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -86,6 +88,11 @@ def die_with_parent() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def make_undumpable() -> None:
+    """Inherited by every fork: no process of our uid may ptrace us or open our /proc files."""
+    _prctl(PR_SET_DUMPABLE, 0)
 
 
 def become_subreaper() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from sandbox.errors import SandboxError, WorkerLost
 from sandbox.pool import Channel, Limits
 from sandbox.protocol import HEADER, frame_length
-from sandbox.runtime import MAX_HOSTS
+from sandbox.runtime import MAX_HOSTS, WORKER_FILES
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -42,8 +42,8 @@ STDOUT = 1
 # Room above the per-call address-space limit for the worker itself and the fork's copy.
 MEMORY_OVERHEAD_MB = 128
 # What the sandbox image holds; its digest is baked into the image as a label.
-RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "contain.py", "codec.py",
-                 "protocol.py")
+RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
+                 "codec.py", "protocol.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -157,8 +157,12 @@ class DockerBackend:
                 name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
                 labels=self._labels(),
                 stdin_open=True,
+                # detach=False makes docker-py set StdinOnce: when the service goes away (even by
+                # kill -9) its attach closes, the worker reads end-of-file and exits, and the
+                # engine removes the container.
+                detach=False,
+                auto_remove=True,
                 tty=False,
-                detach=True,
                 environment={},
                 network_mode="none",
                 read_only=True,
@@ -172,7 +176,8 @@ class DockerBackend:
                 # extra processes allowed
                 pids_limit=3 + 2 * MAX_HOSTS + limits.processes,
                 nano_cpus=int(self.cpus * 1e9),
-                ulimits=[self._ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+                # the worker's own budget; each call lowers it to ``open_files`` for itself
+                ulimits=[self._ulimit(name="nofile", soft=WORKER_FILES, hard=WORKER_FILES)],
                 init=True,
                 ipc_mode="none",
             )
@@ -186,7 +191,7 @@ class DockerBackend:
 
         try:
             container, socket = await asyncio.to_thread(create)
-        except self._errors.DockerException as exc:
+        except Exception as exc:  # docker-py also raises requests' errors when the engine is down
             raise WorkerLost(f"cannot start a sandbox container: {exc}") from exc
         raw = socket._sock  # the hijacked engine connection: raw stdin in, multiplexed stdout out
         reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
@@ -204,13 +209,18 @@ class DockerBackend:
 
         try:
             await asyncio.to_thread(run)
-        except self._errors.DockerException as exc:
+        except Exception as exc:  # engine down: auto_remove takes it once its attach is gone
             log.error("cannot remove sandbox container %s: %s", container.name, exc)
 
     def own_containers(self) -> list[Any]:
         return list(self.client.containers.list(all=True, filters={"label": f"{INSTANCE_LABEL}={self.instance}"}))
 
     async def close(self) -> None:
-        for container in await asyncio.to_thread(self.own_containers):
+        try:
+            containers = await asyncio.to_thread(self.own_containers)
+        except Exception as exc:
+            log.error("cannot list sandbox containers at shutdown: %s", exc)
+            containers = []
+        for container in containers:
             await self.remove(container)
         self.client.close()

@@ -17,13 +17,18 @@ import functools
 import inspect
 import json
 import linecache
+import os
+import resource
 import signal
+import socket
 import sys
+import time
 import types
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any
 
-from sandbox import codec, protocol
+from sandbox import channel, codec
+from sandbox.contain import die_with_parent
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     INVALID_ARGUMENTS,
@@ -38,11 +43,11 @@ from sandbox.forks import (
     Interrupt,
     Spare,
     WorkerLimits,
+    close_inherited,
     describe,
     error,
+    finish,
     in_fork,
-    reap,
-    run_on_spare,
     spawn_spare,
 )
 
@@ -138,72 +143,65 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
 
 
 class EnvHost:
-    """Serves one environment's requests, read from ``source`` and answered on ``sink``."""
+    """Keeps one environment's class loaded and hands the worker ready forks of itself.
+
+    The host never reads a request: the worker writes each one straight into a fork's pipe and
+    reads the answer from it, so no session's data ever sits in the host's memory, where later
+    forks would inherit it.
+
+    Messages from the worker on ``sock``:
+    - ``{"op": "spare"}``  -> ``{"pid"}`` plus the fork's request-write and answer-read descriptors
+    - ``{"op": "finish", "pid", "kill", "timeout", "reply"}`` -> ``{"status", "overran"}`` if ``reply``
+    """
 
     def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits) -> None:
         self.module = module
         self.cls = cls
         self.limits = limits
         self.spare: Spare | None = None
-        self.pending: list[int] = []
 
-    def serve(self, source: BinaryIO, sink: BinaryIO) -> None:
+    def serve(self, sock: socket.socket) -> None:
         while True:
-            try:
-                request = protocol.read_frame(source)
-            except protocol.ProtocolError:
+            message = channel.receive(sock, time.monotonic() + 10 * 365 * 86400)
+            if message is None:
                 return
-            protocol.write_frame(sink, self.handle(request))
-            # Between requests, off the caller's clock: finish the last fork, prepare the next.
-            for pid in self.pending:
-                reap(pid)
-            self.pending.clear()
-            if self.spare is None:
+            if message.get("op") == "spare":
+                self._hand_over(sock)
+            elif message.get("op") == "finish":
+                status, overran = finish(int(message["pid"]), bool(message.get("kill")),
+                                         time.monotonic() + float(message.get("timeout", 0)))
+                if message.get("reply"):
+                    channel.send(sock, {"status": status, "overran": overran})
+            if self.spare is None:  # between requests, off the caller's clock
                 try:
                     self.spare = spawn_spare(self.runner, self.limits)
                 except Failure:
-                    pass  # the next request forks on demand and reports why that fails
+                    pass  # the next "spare" reports why
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        op = request.get("op")
-        try:
-            if op == "init":
-                return self.init(request)
-            if op == "call":
-                return self.call(request)
-            if op == "score":
-                return self.score(request)
-            return {"error": error(SANDBOX_ERROR, f"unknown op {op!r}")}
-        except Failure as exc:
-            return {"error": error(exc.kind, exc.message)}
-        except Exception as exc:  # a bug here must reach the service as a sandbox error
-            return {"error": error(SANDBOX_ERROR, f"environment host failed: {type(exc).__name__}: {exc}")}
+    def _hand_over(self, sock: socket.socket) -> None:
+        spare, self.spare = self.spare, None
+        if spare is None:
+            try:
+                spare = spawn_spare(self.runner, self.limits)
+            except Failure as exc:
+                # Out of processes: something this environment started holds them. The worker
+                # must be replaced; nothing else frees them.
+                channel.send(sock, {"error": error(SANDBOX_ERROR, exc.message), "unhealthy": True})
+                return
+        channel.send(sock, {"pid": spare.pid}, fds=(spare.request_fd, spare.answer_fd))
+        os.close(spare.request_fd)
+        os.close(spare.answer_fd)
 
     def runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         """What a fork runs for ``request`` (built in the fork, from the request it received)."""
-        if request.get("op") == "init":
+        op = request.get("op")
+        if op == "init":
             return self._init_runner(request)
-        if request.get("op") == "call":
+        if op == "call":
             return self._call_runner(request)
-        raise Failure(SANDBOX_ERROR, f"op {request.get('op')!r} does not run on a spare fork")
-
-    def _on_spare(self, request: dict[str, Any], result_bytes: int) -> dict[str, Any]:
-        spare, self.spare = self.spare, None
-        if spare is None:
-            spare = spawn_spare(self.runner, self.limits)
-        answer, pending = run_on_spare(spare, request, result_bytes)
-        if pending:
-            self.pending.append(spare.pid)
-        return answer
-
-    def init(self, request: dict[str, Any]) -> dict[str, Any]:
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-        return self._on_spare(request, max_state + FRAME_SLACK)
-
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-        max_result = int(request.get("max_result_bytes", 1 << 20))
-        return self._on_spare(request, max_state + max_result + FRAME_SLACK)
+        if op == "check":
+            return functools.partial(_run_check, self.module, request)
+        raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
 
     def _init_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         module, cls = self.module, self.cls
@@ -260,17 +258,6 @@ class EnvHost:
 
         return run
 
-    def score(self, request: dict[str, Any]) -> dict[str, Any]:
-        module = self.module
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        results = []
-        for i, source in enumerate(request["checks"]):
-            outcome = in_fork(functools.partial(_run_check, module, request, i, source), timeout, self.limits)
-            if "error" in outcome and "passed" not in outcome:
-                outcome = {"passed": False, "error": f"{outcome['error']['type']}: {outcome['error']['message']}"}
-            results.append({"passed": bool(outcome.get("passed")), "error": outcome.get("error")})
-        return {"checks": results}
-
 
 def _encode(state: dict[str, Any], module_name: str, limit: int) -> str:
     try:
@@ -307,7 +294,8 @@ def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
     return getattr(instance, name)  # type: ignore[no-any-return]
 
 
-def _run_check(module: types.ModuleType, request: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, Any]:
+    index, source = int(request["index"]), str(request["source"])
     resolve = _resolver(module)
     final = codec.decode(json.loads(request["state"]), resolve)
     initial = codec.decode(json.loads(request["initial"]), resolve)
@@ -331,3 +319,61 @@ def _run_check(module: types.ModuleType, request: dict[str, Any], index: int, so
     if type(verdict) is not bool:
         return {"passed": False, "error": f"check_func returned {type(verdict).__name__}, expected bool"}
     return {"passed": verdict, "error": None}
+
+
+def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
+    """The clean process that environment hosts and validations are forked from.
+
+    It is forked by the worker before the worker reads any request, and it is only ever sent
+    environment code (public, through the API), so nothing it passes on holds session data.
+
+    Messages from the worker:
+    - ``{"op": "host", env, env_id, class_name, code, timeout}`` -> ``{"pid"}`` plus the worker's
+      end of a socket to the new host, whose first frame tells how loading went
+    - ``{"op": "stop", "pid"}`` -> ``{"ok"}`` once that host and everything it started are gone
+    - ``{"op": "validate", ...}`` -> the validation's answer
+    """
+    while True:
+        message = channel.receive(sock, time.monotonic() + 10 * 365 * 86400)
+        if message is None:
+            return
+        op = message.get("op")
+        if op == "host":
+            pid, worker_end = _start_host(message, limits)
+            channel.send(sock, {"pid": pid}, fds=(worker_end,))
+            os.close(worker_end)
+        elif op == "stop":
+            finish(int(message["pid"]), True, time.monotonic())
+            channel.send(sock, {"ok": True})
+        elif op == "validate":
+            channel.send(sock, validate(message, limits))
+        else:
+            channel.send(sock, {"error": error(SANDBOX_ERROR, f"unknown op {op!r}")})
+
+
+def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
+    worker_end, host_end = socket.socketpair()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the host
+        try:
+            die_with_parent()
+            if os.getppid() != parent:
+                os._exit(1)
+            close_inherited(keep=(host_end.fileno(),))
+            os.setpgid(0, 0)
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+            try:
+                module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],
+                                          float(spec.get("timeout", DEFAULT_TIMEOUT)), limits.output_bytes)
+            except Failure as exc:
+                channel.send(host_end, {"error": error(exc.kind, exc.message)})
+            else:
+                channel.send(host_end, {"ok": True})
+                EnvHost(module, cls, limits).serve(host_end)
+        finally:
+            os._exit(0)
+    host_end.close()
+    fd = os.dup(worker_end.fileno())
+    worker_end.close()
+    return pid, fd

@@ -173,24 +173,61 @@ def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]
     return Spare(pid, request_write, answer_read)
 
 
-def run_on_spare(spare: Spare, request: dict[str, Any], result_bytes: int) -> tuple[dict[str, Any], bool]:
-    """Hand ``request`` to ``spare``; return its answer and whether the spare still needs reaping."""
-    timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+def read_answer(answer_fd: int, deadline: float, cap: int) -> tuple[dict[str, Any] | None, str]:
+    """Read a fork's length-prefixed answer (from any process holding the pipe's read end).
+
+    Returns the answer and ``"done"``, or None and why not: ``"timeout"``, ``"too_big"`` or
+    ``"ended"`` (the pipe closed first: the fork died, exited, or closed it and may run on).
+    """
+    buffer = bytearray()
+    expected: int | None = None
     try:
-        frame = protocol.encode_frame(request)
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(spare.request_fd, view):]
-    except OSError:
-        pass  # it died while waiting; _collect reports how
+        while expected is None or len(buffer) < ANSWER_HEADER.size + expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None, "timeout"
+            ready, _, _ = select.select([answer_fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(answer_fd, 1 << 20)
+            if not chunk:
+                return None, "ended"
+            buffer += chunk
+            if expected is None and len(buffer) >= ANSWER_HEADER.size:
+                (expected,) = ANSWER_HEADER.unpack_from(buffer)
+                if expected > cap:
+                    return None, "too_big"
     finally:
-        os.close(spare.request_fd)
-    answer = _collect(spare.pid, spare.answer_fd, timeout, result_bytes, reap=False)
+        os.close(answer_fd)
     try:
-        done, _ = os.waitpid(spare.pid, os.WNOHANG)
+        answer = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
+    except ValueError:
+        return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
+    if not isinstance(answer, dict):
+        return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
+    return answer, "done"
+
+
+def finish(pid: int, kill: bool, deadline: float) -> tuple[int, bool]:
+    """End a fork (the caller is its parent): at once if ``kill``, else once it exits or ``deadline``
+    passes. Anything it started goes with it. Returns its wait status and whether the deadline
+    stopped it."""
+    overran = not kill and not _exits_by(pid, deadline)
+    _kill_group(pid)
+    try:
+        _, status = os.waitpid(pid, 0)
     except ChildProcessError:
-        done = spare.pid
-    return answer, done == 0
+        status = 0
+    return status, overran
+
+
+def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap: int) -> dict[str, Any]:
+    """The error for a fork that did not answer, from how it ended."""
+    if outcome == "timeout" or overran:
+        return error(TIMEOUT, f"the call ran longer than {timeout:g} s and was stopped")
+    if outcome == "too_big":
+        return error(RESOURCE_LIMIT, f"the call's answer exceeded {cap} bytes")
+    return _death(status)
 
 
 def reap(pid: int) -> None:
@@ -202,6 +239,7 @@ def reap(pid: int) -> None:
 
 def _set_call_limits(timeout: float, limits: WorkerLimits) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     cpu = int(timeout) + 2
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     if limits.processes == 0:

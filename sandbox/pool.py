@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandbox import protocol
-from sandbox.errors import RequestFailed, SandboxBusy, SandboxError, WorkerLost
+from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -156,12 +156,17 @@ class WorkerPool:
             delay = 0.1
             while not self._closed:
                 try:
-                    self._idle.put_nowait(await self._spawn(worker.slot))
-                    return
-                except SandboxError as exc:
-                    log.error("cannot restart sandbox worker %d: %s", worker.slot, exc.message)
+                    replacement = await self._spawn(worker.slot)
+                except Exception as exc:  # keep trying: the engine or the host may come back
+                    log.error("cannot restart sandbox worker %d: %s", worker.slot, exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
+                    continue
+                if replacement.containment.get("missing") != self.containment.get("missing"):
+                    log.warning("SANDBOX CONTAINMENT CHANGED for worker %d: %s", worker.slot,
+                                replacement.containment.get("missing"))
+                self._idle.put_nowait(replacement)
+                return
 
         task = asyncio.get_running_loop().create_task(run())
         self._pending.add(task)
@@ -204,8 +209,9 @@ class WorkerPool:
                     # A module that fails to load may have left the worker in any state.
                     raise RequestFailed(loaded["error"]["type"], loaded["error"]["message"])
                 worker.loaded.add(env.key)
-            answer = await self._roundtrip(worker, message, timeout + GUARD_MARGIN)
-            healthy = True
+            answer = await self._roundtrip(worker, message, timeout + self.limits.load_timeout + GUARD_MARGIN)
+            # A worker that can no longer start processes says so; it answers this one and goes.
+            healthy = not answer.get("unhealthy")
         except TimeoutError:
             raise WorkerLost("the sandbox worker stopped answering and was replaced") from None
         except (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError) as exc:

@@ -8,11 +8,12 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
 
-``init``, ``call`` and ``score`` are passed to the environment's host process,
-which runs each in a fork of itself. A host that dies or hangs is killed and
-started again on the next request. After every request the worker empties its
-private /tmp and System V IPC objects, so nothing a call leaves there reaches
-a later one.
+Processes: the worker forks one clean *zygote* before it reads any request; the zygote forks a
+*host* per environment, which runs the module code once and keeps a ready fork of itself. For
+each init, call and check the worker takes that fork, writes the request straight into it and
+reads the answer from it, so session data never passes through a process that other sessions'
+forks are copied from. A fork that fails to answer is ended by its host, which reports how.
+After every request the worker empties its private /tmp and System V IPC objects.
 
 Standard library only.
 """
@@ -21,27 +22,43 @@ from __future__ import annotations
 
 import os
 import resource
-import select
 import shutil
-import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import contain, envhost, protocol
-from sandbox.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, TIMEOUT, Failure, WorkerLimits, close_inherited, error
+from sandbox import channel, contain, envhost, protocol
+from sandbox.forks import (
+    DEFAULT_TIMEOUT,
+    SANDBOX_ERROR,
+    Failure,
+    WorkerLimits,
+    close_inherited,
+    error,
+    outcome_error,
+    read_answer,
+)
 
 # Environment hosts kept per worker; the least recently used goes first.
 MAX_HOSTS = 16
-# Beyond the host's own per-fork deadlines: how long a silent host is given before it is killed.
-HOST_GUARD = 2.0
+# How long a host may take to hand over a fork or report on one.
+HOST_GUARD = 5.0
+# Room for the JSON around a call's state and result, beyond their own limits.
+FRAME_SLACK = 1 << 20
+# Descriptors the worker itself may hold (each host costs one); calls get ``open_files``.
+WORKER_FILES = 4 * MAX_HOSTS + 64
+FOREVER = 10 * 365 * 86400.0
+
+
+class Unhealthy(Exception):
+    """This worker can no longer start processes; the service must replace it."""
 
 
 @dataclass
 class Host:
     pid: int
-    to_host: int
-    from_host: int
+    sock: socket.socket
     used: float = field(default_factory=time.monotonic)
 
 
@@ -53,16 +70,42 @@ class Runtime:
         self.preserve = list(preserve or [])
         self.hosts: dict[str, Host] = {}
         self.sources: dict[str, dict[str, Any]] = {}
+        self.unhealthy = False
+        self._set_limits()
+        # Other processes of our uid (every fork runs environment code) must not read our memory,
+        # which holds every session's requests, nor open our descriptors through /proc.
+        contain.make_undumpable()
+        contain.become_subreaper()  # orphans of a killed host come back here to be reaped
+        self.zygote = self._start_zygote()
 
-    def set_worker_limits(self) -> None:
+    def _set_limits(self) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.limits.open_files, self.limits.open_files))
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        files = max(WORKER_FILES, self.limits.open_files)
+        if hard != resource.RLIM_INFINITY:
+            files = min(files, hard)  # a container engine may have set it lower than we can raise
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         if self.limits.dedicated_uid:
-            # Everything under this uid is ours: the hosts, their spare forks, one call fork, and
-            # what calls may start.
+            # Everything under this uid is ours: the zygote, the hosts, their ready forks, one call
+            # fork, and what calls may start.
             cap = 2 * MAX_HOSTS + 8 + self.limits.processes
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
-        contain.become_subreaper()  # orphans of a killed host come back here to be reaped
+
+    def _start_zygote(self) -> socket.socket:
+        mine, theirs = socket.socketpair()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the zygote
+            try:
+                contain.die_with_parent()
+                if os.getppid() != parent:
+                    os._exit(1)
+                close_inherited(keep=(theirs.fileno(),))
+                envhost.serve_zygote(theirs, self.limits)
+            finally:
+                os._exit(0)
+        theirs.close()
+        return mine
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -71,94 +114,138 @@ class Runtime:
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
             elif op == "validate":
-                response = envhost.validate(request, self.limits)
-            elif op in ("init", "call", "score"):
-                response = self._forward(request)
+                response = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
+            elif op in ("init", "call"):
+                response = self._run(self._host(request["env"]), request, _answer_cap(request))
+            elif op == "score":
+                response = self._score(request)
             else:
                 response = {"error": error(SANDBOX_ERROR, f"unknown op {op!r}")}
         except Failure as exc:
             response = {"error": error(exc.kind, exc.message)}
+        except Unhealthy as exc:
+            self.unhealthy = True
+            response = {"error": error(SANDBOX_ERROR, str(exc))}
         except Exception as exc:  # a bug here must reach the service as a sandbox error, not kill the worker
             response = {"error": error(SANDBOX_ERROR, f"worker failed: {type(exc).__name__}: {exc}")}
         finally:
             self._scrub()
+        if self.unhealthy:
+            response["unhealthy"] = True
         response["id"] = request.get("id")
         return response
 
-    # -- hosts ----------------------------------------------------------------------------
+    # -- zygote and hosts -----------------------------------------------------------------
+    def _zygote(self, message: dict[str, Any], wait: float) -> dict[str, Any]:
+        channel.send(self.zygote, message)
+        answer = channel.receive(self.zygote, time.monotonic() + wait)
+        if answer is None:
+            raise Unhealthy("the worker's zygote stopped answering")
+        return answer
+
     def _load(self, request: dict[str, Any]) -> None:
         key = request["env"]
-        self.sources[key] = {k: request[k] for k in ("env", "env_id", "class_name", "code")}
-        self.sources[key]["timeout"] = float(request.get("timeout", DEFAULT_TIMEOUT))
+        spec = {k: request[k] for k in ("env", "env_id", "class_name", "code")}
+        spec["timeout"] = float(request.get("timeout", DEFAULT_TIMEOUT))
+        self.sources[key] = spec
         if key not in self.hosts:
             self._start_host(key)
 
-    def _start_host(self, key: str) -> Host:
-        while len(self.hosts) >= MAX_HOSTS:
-            oldest = min(self.hosts, key=lambda k: self.hosts[k].used)
-            self._stop_host(oldest)
-        spec = self.sources[key]
-        to_read, to_write = os.pipe()
-        from_read, from_write = os.pipe()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the host process
-            try:
-                contain.die_with_parent()
-                if os.getppid() != parent:
-                    os._exit(1)
-                close_inherited(keep=(to_read, from_write))
-                os.setpgid(0, 0)
-                memory = self.limits.memory_bytes
-                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-                source, sink = os.fdopen(to_read, "rb"), os.fdopen(from_write, "wb")
-                try:
-                    module, cls = envhost.compile_env(key, spec["env_id"], spec["class_name"], spec["code"],
-                                                      spec["timeout"], self.limits.output_bytes)
-                except Failure as exc:
-                    protocol.write_frame(sink, {"error": error(exc.kind, exc.message)})
-                else:
-                    protocol.write_frame(sink, {"ok": True})
-                    envhost.EnvHost(module, cls, self.limits).serve(source, sink)
-            finally:
-                os._exit(0)
-        os.close(to_read)
-        os.close(from_write)
-        host = Host(pid, to_write, from_read)
-        deadline = time.monotonic() + spec["timeout"] + HOST_GUARD
-        answer = _read_answer(host.from_host, deadline)
-        if answer is None or answer.get("error"):
-            _kill(host)
-            if answer is None and time.monotonic() >= deadline:
-                raise Failure(TIMEOUT, f"the module did not load within {spec['timeout']:g} s")
-            if answer is None:
-                raise Failure("load_error", "the module's process died or broke its answer while loading")
-            raise Failure(answer["error"]["type"], answer["error"]["message"])
-        self.hosts[key] = host
-        return host
-
-    def _stop_host(self, key: str) -> None:
-        _kill(self.hosts.pop(key))
-
-    def _forward(self, request: dict[str, Any]) -> dict[str, Any]:
-        key = request["env"]
+    def _host(self, key: str) -> Host:
         host = self.hosts.get(key)
         if host is None:
             if key not in self.sources:
                 raise Failure("not_loaded", f"environment {key[:12]} is not loaded in this worker")
             host = self._start_host(key)  # after a crash or an eviction
         host.used = time.monotonic()
+        return host
+
+    def _start_host(self, key: str) -> Host:
+        while len(self.hosts) >= MAX_HOSTS:
+            self._stop_host(min(self.hosts, key=lambda k: self.hosts[k].used))
+        spec = self.sources[key]
+        answer = self._zygote({"op": "host", **spec}, HOST_GUARD)
+        fds = channel.receive_fds(self.zygote, 1, time.monotonic() + HOST_GUARD) if "pid" in answer else None
+        if fds is None:
+            raise Unhealthy(f"the zygote could not start a host: {answer.get('error')}")
+        host = Host(int(answer["pid"]), socket.socket(fileno=fds[0]))
+        loaded = channel.receive(host.sock, time.monotonic() + spec["timeout"] + HOST_GUARD)
+        if loaded is None or loaded.get("error"):
+            self._end_host(host)
+            if loaded is None:
+                raise Failure("load_error", f"the module did not load within {spec['timeout']:g} s "
+                                            "(its process hung, died or broke its answer)")
+            kind = loaded["error"]["type"]
+            raise Failure("load_timeout" if kind == "timeout" else kind, loaded["error"]["message"])
+        self.hosts[key] = host
+        return host
+
+    def _stop_host(self, key: str) -> None:
+        self._end_host(self.hosts.pop(key))
+
+    def _end_host(self, host: Host) -> None:
+        host.sock.close()
+        self._zygote({"op": "stop", "pid": host.pid}, HOST_GUARD)
+
+    def _drop(self, host: Host) -> None:
+        for key, known in list(self.hosts.items()):
+            if known is host:
+                self._stop_host(key)
+
+    # -- running requests in forks --------------------------------------------------------
+    def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
+        """Run one request in a ready fork of ``host``: write it in, read the answer out."""
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
-        rounds = max(1, len(request.get("checks", ()))) if request["op"] == "score" else 1
         try:
-            _write_all(host.to_host, protocol.encode_frame(request))
-            answer = _read_answer(host.from_host, time.monotonic() + timeout * rounds + HOST_GUARD)
+            channel.send(host.sock, {"op": "spare"})
+            handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD)
+            if handed is not None and handed.get("unhealthy"):
+                raise Unhealthy(f"cannot start a call process: {handed['error']['message']}")
+            fds = channel.receive_fds(host.sock, 2, time.monotonic() + HOST_GUARD) if handed else None
         except OSError:
-            answer = None
-        if answer is None:
-            self._stop_host(key)
+            handed, fds = None, None
+        if handed is None or fds is None or "pid" not in handed:
+            self._drop(host)
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        return answer
+        pid = int(handed["pid"])
+        request_fd, answer_fd = fds
+        deadline = time.monotonic() + timeout
+        try:
+            _write_all(request_fd, protocol.encode_frame(request))
+        except OSError:
+            pass  # it died waiting; its end is reported below
+        finally:
+            os.close(request_fd)
+        answer, outcome = read_answer(answer_fd, deadline, cap)
+        done = outcome == "done"
+        try:
+            # A fork that answered is ended at once; otherwise its host waits out the deadline
+            # (it may have closed its pipe and run on) and says how it ended.
+            channel.send(host.sock, {"op": "finish", "pid": pid, "kill": done or outcome != "ended",
+                                     "timeout": max(deadline - time.monotonic(), 0), "reply": not done})
+            report = None if done else channel.receive(host.sock, deadline + HOST_GUARD)
+        except OSError:
+            report = None
+        if done and answer is not None:
+            return answer
+        if report is None:
+            self._drop(host)
+            return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
+        return {"error": outcome_error(outcome, int(report["status"]), bool(report["overran"]), timeout, cap)}
+
+    def _score(self, request: dict[str, Any]) -> dict[str, Any]:
+        host = self._host(request["env"])
+        results = []
+        for index, source in enumerate(request["checks"]):
+            check = {"op": "check", "index": index, "source": source, "state": request["state"],
+                     "initial": request["initial"], "timeout": request.get("timeout", DEFAULT_TIMEOUT)}
+            outcome = self._run(host, check, 1 << 20)
+            if "passed" not in outcome:
+                failure = outcome.get("error") or {"type": SANDBOX_ERROR, "message": "no answer"}
+                outcome = {"passed": False, "error": f"{failure['type']}: {failure['message']}"}
+            results.append({"passed": outcome.get("passed") is True, "error": outcome.get("error")})
+            host = self._host(request["env"])  # started again if the check broke it
+        return {"checks": results}
 
     # -- hygiene --------------------------------------------------------------------------
     def _scrub(self) -> None:
@@ -179,23 +266,12 @@ class Runtime:
         contain.clear_ipc()
 
 
-def _kill(host: Host) -> None:
-    try:
-        os.killpg(host.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.waitpid(host.pid, 0)
-    except ChildProcessError:
-        pass
-    for fd in (host.to_host, host.from_host):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+def _answer_cap(request: dict[str, Any]) -> int:
+    return int(request.get("max_state_bytes", 1 << 24)) + int(request.get("max_result_bytes", 1 << 20)) + FRAME_SLACK
 
 
 def _reap() -> None:
+    """Orphans re-parented to the worker (it is a subreaper, or PID 1 of its namespace)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -209,34 +285,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _read_exact(fd: int, size: int, deadline: float) -> bytes | None:
-    chunks: list[bytes] = []
-    remaining = size
-    while remaining:
-        wait = deadline - time.monotonic()
-        if wait <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:
-            continue
-        chunk = os.read(fd, min(remaining, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_answer(fd: int, deadline: float) -> dict[str, Any] | None:
-    """One frame from a host, or None if it closed, hung or sent garbage."""
-    header = _read_exact(fd, protocol.HEADER.size, deadline)
-    if header is None:
-        return None
-    try:
-        body = _read_exact(fd, protocol.frame_length(header), deadline)
-        answer = None if body is None else protocol.decode_body(body)
-    except protocol.ProtocolError:
-        return None
-    return answer if isinstance(answer, dict) else None

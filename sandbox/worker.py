@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     # /tmp and the IPC namespace are ours to empty only when confinement made them private.
     private = args.container or "filesystem" in report["applied"]
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []))
-    runtime.set_worker_limits()
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

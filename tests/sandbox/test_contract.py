@@ -373,14 +373,21 @@ import sys
 
 LOG = []
 try:
-    import sandbox.envhost as host
-    original = host.EnvHost.handle
+    import sandbox.channel as channel
+    import sandbox.protocol as protocol
+    original_receive, original_read = channel.receive, protocol.read_frame
 
-    def spy(self, request):
-        LOG.append(repr(request)[:4000])
-        return original(self, request)
+    def spy_receive(*args, **kwargs):
+        message = original_receive(*args, **kwargs)
+        LOG.append(repr(message)[:4000])
+        return message
 
-    host.EnvHost.handle = spy
+    def spy_read(*args, **kwargs):
+        message = original_read(*args, **kwargs)
+        LOG.append(repr(message)[:4000])
+        return message
+
+    channel.receive, protocol.read_frame = spy_receive, spy_read
     import sandbox.runtime as runtime
     runtime.Runtime.handle = lambda self, request: {"id": request.get("id"), "ok": True, "hijacked": True}
 except ImportError:
@@ -447,3 +454,71 @@ async def test_host_processes_are_invisible(pool_factory: Any) -> None:
         assert out.ok and out.result, out
         assert not any("pytest" in line or "uvicorn" in line or "envfoundry serve" in line for line in out.result)
         assert len(out.result) <= 8  # the worker, its environment host and this call
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _worker_pid(worker: Any) -> int:
+    channel = worker.channel
+    if hasattr(channel, "container"):
+        channel.container.reload()
+        outer = int(channel.container.attrs["State"]["Pid"])  # the container's init
+    else:
+        outer = channel.process.pid  # the waiter outside the worker's PID namespace
+    (inner,) = _children(outer)
+    return inner
+
+
+def _memory_holds(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                if "r" not in perms or "[v" in line:
+                    continue
+                low, high = (int(part, 16) for part in span.split("-"))
+                try:
+                    mem.seek(low)
+                    if needle in mem.read(high - low):
+                        return True
+                except (OSError, OverflowError, ValueError):
+                    continue
+    except OSError:
+        return False
+    return False
+
+
+async def test_session_data_stays_out_of_every_process_that_forks_for_others(pool_factory: Any) -> None:
+    """Only the worker (which runs no environment code) ever holds a session's data; the zygote,
+    the environment hosts and their ready forks, which later calls are copied from, never do."""
+    if os.geteuid() != 0:
+        pytest.skip("reading other processes' memory needs root")
+    secret = f"SESSION-SECRET-{secrets.token_hex(8)}"
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        out = await pool.call(PROBE, state, "add_item", {"item_id": "s", "name": secret})
+        assert out.ok
+        for _ in range(3):  # other sessions keep the environment busy afterwards
+            assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok
+        worker = await pool._idle.get()
+        pool._idle.put_nowait(worker)
+        root = _worker_pid(worker)
+        others, todo = [], _children(root)
+        while todo:
+            pid = todo.pop()
+            others.append(pid)
+            todo.extend(_children(pid))
+        assert len(others) >= 3  # the zygote, the probe's host, and its ready fork
+        assert _memory_holds(root, secret.encode())  # the scan does find it where it must be
+        assert [pid for pid in others if _memory_holds(pid, secret.encode())] == []
