@@ -207,7 +207,7 @@ class WorkerPool:
                 loaded = await self._roundtrip(worker, load, self.limits.load_timeout + GUARD_MARGIN)
                 if loaded.get("error"):
                     # A module that fails to load may have left the worker in any state.
-                    raise RequestFailed(loaded["error"]["type"], loaded["error"]["message"])
+                    raise _failure(loaded["error"])
                 worker.loaded.add(env.key)
             answer = await self._roundtrip(worker, message, timeout + self.limits.load_timeout + GUARD_MARGIN)
             # A worker that can no longer start processes says so; it answers this one and goes.
@@ -223,7 +223,7 @@ class WorkerPool:
             else:
                 self._replace(worker)
         if answer.get("error"):
-            raise RequestFailed(answer["error"]["type"], answer["error"]["message"])
+            raise _failure(answer["error"])
         return answer
 
     # -- typed requests -------------------------------------------------------------------
@@ -244,7 +244,10 @@ class WorkerPool:
             env,
             self.limits.call_timeout,
         )
-        return str(answer["state"])
+        state = answer.get("state")
+        if not isinstance(state, str):
+            raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
+        return state
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
@@ -264,7 +267,13 @@ class WorkerPool:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
         except WorkerLost as exc:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
-        return CallOutcome(True, answer.get("result"), None, answer.get("state"), answer["diff"])
+        new_state: Any = answer.get("state")
+        diff: Any = answer.get("diff")
+        if not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
+            # The answer comes from a fork that ran environment code: trust nothing about its shape.
+            message = "the call process sent an answer of the wrong shape"
+            return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
+        return CallOutcome(True, answer.get("result"), None, new_state, diff)
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
         if not checks:
@@ -275,7 +284,21 @@ class WorkerPool:
             env,
             self.limits.check_timeout * len(checks),
         )
-        return list(answer["checks"])
+        results = answer.get("checks")
+        if not isinstance(results, list) or len(results) != len(checks):
+            raise RequestFailed("sandbox_error", "scoring sent an answer of the wrong shape")
+        return results
+
+
+def _failure(reported: Any) -> RequestFailed:
+    """An error a worker reported; malformed ones (environment code can forge answers) become sandbox errors."""
+    if isinstance(reported, dict) and isinstance(reported.get("type"), str) and isinstance(reported.get("message"), str):
+        return RequestFailed(reported["type"], reported["message"][:2000])
+    return RequestFailed("sandbox_error", "the sandbox sent a malformed error")
+
+
+def _is_diff(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(value.get(k), list) for k in ("added", "removed", "changed"))
 
 
 def _no_diff() -> dict[str, list[dict[str, Any]]]:

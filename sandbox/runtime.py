@@ -48,7 +48,8 @@ HOST_GUARD = 5.0
 FRAME_SLACK = 1 << 20
 # Descriptors the worker itself may hold (each host costs one); calls get ``open_files``.
 WORKER_FILES = 4 * MAX_HOSTS + 64
-FOREVER = 10 * 365 * 86400.0
+# Hosts run environment code, so what they say is bounded and checked like any untrusted input.
+HOST_MESSAGE_BYTES = 64 * 1024
 
 
 class Unhealthy(Exception):
@@ -169,7 +170,7 @@ class Runtime:
         if fds is None:
             raise Unhealthy(f"the zygote could not start a host: {answer.get('error')}")
         host = Host(int(answer["pid"]), socket.socket(fileno=fds[0]))
-        loaded = channel.receive(host.sock, time.monotonic() + spec["timeout"] + HOST_GUARD)
+        loaded = channel.receive(host.sock, time.monotonic() + spec["timeout"] + HOST_GUARD, HOST_MESSAGE_BYTES)
         if loaded is None or loaded.get("error"):
             self._end_host(host)
             if loaded is None:
@@ -198,7 +199,7 @@ class Runtime:
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         try:
             channel.send(host.sock, {"op": "spare"})
-            handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD)
+            handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
             if handed is not None and handed.get("unhealthy"):
                 raise Unhealthy(f"cannot start a call process: {handed['error']['message']}")
             fds = channel.receive_fds(host.sock, 2, time.monotonic() + HOST_GUARD) if handed else None
@@ -223,7 +224,7 @@ class Runtime:
             # (it may have closed its pipe and run on) and says how it ended.
             channel.send(host.sock, {"op": "finish", "pid": pid, "kill": done or outcome != "ended",
                                      "timeout": max(deadline - time.monotonic(), 0), "reply": not done})
-            report = None if done else channel.receive(host.sock, deadline + HOST_GUARD)
+            report = None if done else channel.receive(host.sock, deadline + HOST_GUARD, HOST_MESSAGE_BYTES)
         except OSError:
             report = None
         if done and answer is not None:
@@ -231,7 +232,12 @@ class Runtime:
         if report is None:
             self._drop(host)
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        return {"error": outcome_error(outcome, int(report["status"]), bool(report["overran"]), timeout, cap)}
+        try:
+            status, overran = int(report["status"]), bool(report["overran"])
+        except (KeyError, TypeError, ValueError):
+            self._drop(host)
+            return {"error": error(SANDBOX_ERROR, "the environment's process sent a malformed report")}
+        return {"error": outcome_error(outcome, status, overran, timeout, cap)}
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
@@ -241,9 +247,13 @@ class Runtime:
                      "initial": request["initial"], "timeout": request.get("timeout", DEFAULT_TIMEOUT)}
             outcome = self._run(host, check, 1 << 20)
             if "passed" not in outcome:
-                failure = outcome.get("error") or {"type": SANDBOX_ERROR, "message": "no answer"}
-                outcome = {"passed": False, "error": f"{failure['type']}: {failure['message']}"}
-            results.append({"passed": outcome.get("passed") is True, "error": outcome.get("error")})
+                failure = outcome.get("error")
+                if not isinstance(failure, dict):
+                    failure = {"type": SANDBOX_ERROR, "message": "the check sent no answer"}
+                outcome = {"passed": False, "error": f"{failure.get('type')}: {failure.get('message')}"}
+            reason = outcome.get("error")
+            results.append({"passed": outcome.get("passed") is True,
+                            "error": None if reason is None else str(reason)[:1000]})
             host = self._host(request["env"])  # started again if the check broke it
         return {"checks": results}
 

@@ -24,6 +24,7 @@ from service.store import LockTimeout, SessionMeta, SessionStore, Snapshot, Stor
 
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
+LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
 # Echoed argument values and messages are cut here so an error cannot be larger than the request.
 MAX_MESSAGE = 1000
 
@@ -55,6 +56,9 @@ class Sessions:
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
+            if exc.kind in LOAD_FAILURES:
+                raise InvalidEnvironment(f"the environment's code failed to load: {exc.message}",
+                                         reason=exc.kind) from exc
             raise InvalidEnvironment(f"the environment failed to start from this init_config: {exc.message}",
                                      reason=exc.kind) from exc
         except SandboxError as exc:

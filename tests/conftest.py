@@ -180,11 +180,43 @@ def docker_client() -> Iterator[Any]:
     except docker.errors.ImageNotFound:
         current = False
     if not current:  # missing, or built from older worker code: tests must run this code
-        built = subprocess.run([str(ROOT / "scripts" / "docker-images")], capture_output=True, text=True, timeout=900)
-        if built.returncode != 0:
-            unavailable(f"scripts/docker-images failed: {built.stderr[-2000:]}")
+        failure = build_images()
+        if failure:
+            unavailable(failure)
     yield client
     client.close()
+
+
+def build_images(timeout: float = 1500) -> str | None:
+    """Run scripts/docker-images; on failure or timeout say why (and leave nothing running)."""
+    process = subprocess.Popen([str(ROOT / "scripts" / "docker-images")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.communicate()
+        return f"scripts/docker-images did not finish within {timeout:g} s"
+    return None if process.returncode == 0 else f"scripts/docker-images failed: {stderr[-2000:]}"
+
+
+def images_older_than_sources(client: Any, images: tuple[str, ...]) -> bool:
+    """True when an image is missing or was built before the last change to what goes into it."""
+    import datetime
+
+    sources = [ROOT / "Dockerfile", ROOT / "pyproject.toml"]
+    for folder in ("service", "sandbox", "synthesis", "catalog"):
+        sources.extend(p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    newest = max(p.stat().st_mtime for p in sources)
+    for name in images:
+        try:
+            created = client.images.get(name).attrs["Created"]
+        except Exception:
+            return True
+        stamp = datetime.datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()
+        if stamp < newest:
+            return True
+    return False
 
 
 def containers_of(client: Any, service: str) -> list[Any]:

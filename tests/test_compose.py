@@ -13,7 +13,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS_IMAGE, ROOT, SANDBOX_IMAGE, SERVICE_IMAGE, containers_of, free_port
+from tests.conftest import (
+    REDIS_IMAGE,
+    ROOT,
+    SANDBOX_IMAGE,
+    SERVICE_IMAGE,
+    build_images,
+    containers_of,
+    free_port,
+    images_older_than_sources,
+)
 
 
 def _two_free_ports() -> int:
@@ -49,8 +58,9 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         if os.environ.get("ENVFOUNDRY_REQUIRE_DOCKER") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    built = subprocess.run([str(ROOT / "scripts" / "docker-images")], capture_output=True, text=True, timeout=900)
-    assert built.returncode == 0, built.stderr[-2000:]
+    if images_older_than_sources(docker_client, (SERVICE_IMAGE, SANDBOX_IMAGE, REDIS_IMAGE)):
+        failure = build_images()
+        assert failure is None, failure
     project = f"eftest{secrets.token_hex(4)}"
     port = _two_free_ports()
     env = {**os.environ, "ENVFOUNDRY_SERVICE_IMAGE": SERVICE_IMAGE, "ENVFOUNDRY_SANDBOX_IMAGE": SANDBOX_IMAGE,

@@ -208,8 +208,9 @@ async def test_service_environment_is_invisible(pool_factory: Any, monkeypatch: 
         out = await pool.call(PROBE, await _state(pool), "read_env", {})
         assert out.ok
         assert "REDIS_URL" not in out.result and "ENVFOUNDRY_API_KEY" not in out.result
-        proc = await pool.call(PROBE, await _state(pool), "read_file", {"path": f"/proc/{os.getpid()}/environ"})
-        assert not proc.ok or "secret" not in str(proc.result)
+        for pid in (1, 2, os.getpid()):  # the worker and its zygote in their namespace; the test process
+            proc = await pool.call(PROBE, await _state(pool), "read_file", {"path": f"/proc/{pid}/environ"})
+            assert not proc.ok or "secret" not in str(proc.result)
 
 
 async def test_runs_as_an_unprivileged_user(pool_factory: Any) -> None:
@@ -522,3 +523,45 @@ async def test_session_data_stays_out_of_every_process_that_forks_for_others(poo
         assert len(others) >= 3  # the zygote, the probe's host, and its ready fork
         assert _memory_holds(root, secret.encode())  # the scan does find it where it must be
         assert [pid for pid in others if _memory_holds(pid, secret.encode())] == []
+
+
+@pytest.mark.parametrize("payload", ['{"error": "boom"}', '{"ok": true, "diff": 5}', '{"ok": true, "state": 7}',
+                                     '[1, 2]', '{"error": {"type": "tool_exception"}}'])
+async def test_a_forged_answer_is_a_sandbox_error(pool_factory: Any, payload: str) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        out = await pool.call(PROBE, state, "forge_answer", {"payload": payload})
+        assert not out.ok and out.error["type"] == "sandbox_error" and out.state is None
+        assert (await pool.call(PROBE, state, "increment", {})).ok
+
+
+HOG = """
+import os
+import time
+
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.setsid()
+        time.sleep(3600)
+        os._exit(0)
+
+
+class Hog:
+    def noop(self) -> None:
+        return None
+"""
+
+
+async def test_module_code_that_uses_up_processes_gets_its_worker_replaced(pool_factory: Any) -> None:
+    hog = EnvCode("hog-env", "hog", "Hog", HOG)
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        with pytest.raises(RequestFailed):
+            await pool.init_state(hog, {})
+        assert pool.replaced >= 1
+        out = await pool.call(PROBE, state, "increment", {})
+        assert out.ok, out.error
