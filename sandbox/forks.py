@@ -214,6 +214,7 @@ def finish(pid: int, kill: bool, deadline: float) -> tuple[int, bool]:
     stopped it."""
     overran = not kill and not _exits_by(pid, deadline)
     _kill_group(pid)
+    _kill(pid)  # it may have left its group; waiting for it must never hang
     try:
         _, status = os.waitpid(pid, 0)
     except ChildProcessError:
@@ -324,6 +325,7 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int, *, reap: bool = T
         os.close(read_fd)
     if outcome is None and expected is not None and len(buffer) >= ANSWER_HEADER.size + expected:
         _kill_group(pid)  # done: anything it started goes with it
+        _kill(pid)
         try:
             answer: dict[str, Any] = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
         except ValueError:
@@ -334,6 +336,7 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int, *, reap: bool = T
     if outcome is None and not _exits_by(pid, deadline):
         outcome = "timeout"  # it closed its end of the pipe but kept running
     _kill_group(pid)
+    _kill(pid)
     _, status = os.waitpid(pid, 0)
     if outcome == "timeout":
         return {"error": error(TIMEOUT, f"the call ran longer than {timeout:g} s and was stopped")}
@@ -364,6 +367,13 @@ def _exits_by(pid: int, deadline: float) -> bool:
             os.close(pidfd)
 
 
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -378,6 +388,10 @@ def _death(status: int) -> dict[str, Any]:
             return error(TIMEOUT, "the call used up its CPU time and was stopped")
         if sig == signal.SIGKILL:
             return error(RESOURCE_LIMIT, "the call process was killed (out of memory?)")
-        return error(TOOL_EXCEPTION, f"the tool crashed its process ({signal.Signals(sig).name})")
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:  # real-time and other unnamed signals
+            name = f"signal {sig}"
+        return error(TOOL_EXCEPTION, f"the tool crashed its process ({name})")
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
     return error(TOOL_EXCEPTION, f"the tool ended its process with exit status {code} (os._exit?)")

@@ -204,12 +204,15 @@ class WorkerPool:
                     "op": "load", "env": env.key, "env_id": env.env_id, "class_name": env.class_name,
                     "code": env.code, "timeout": self.limits.load_timeout,
                 }
-                loaded = await self._roundtrip(worker, load, self.limits.load_timeout + GUARD_MARGIN)
+                loaded = await self._roundtrip(worker, load, self.limits.load_timeout + 4 * GUARD_MARGIN)
                 if loaded.get("error"):
-                    # A module that fails to load may have left the worker in any state.
+                    # Module code runs in its own host process, so the worker itself is unharmed.
+                    healthy = not loaded.get("unhealthy")
                     raise _failure(loaded["error"])
                 worker.loaded.add(env.key)
-            answer = await self._roundtrip(worker, message, timeout + self.limits.load_timeout + GUARD_MARGIN)
+            # The worker may load the class again first (after an eviction or a crash), and waits on
+            # its processes with margins of its own: the guard covers all of that.
+            answer = await self._roundtrip(worker, message, timeout + self.limits.load_timeout + 4 * GUARD_MARGIN)
             # A worker that can no longer start processes says so; it answers this one and goes.
             healthy = not answer.get("unhealthy")
         except TimeoutError:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import shutil
 import socket
 import time
@@ -77,7 +78,7 @@ class Runtime:
         # which holds every session's requests, nor open our descriptors through /proc.
         contain.make_undumpable()
         contain.become_subreaper()  # orphans of a killed host come back here to be reaped
-        self.zygote = self._start_zygote()
+        self.zygote_pid, self.zygote = self._start_zygote()
 
     def _set_limits(self) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -92,7 +93,7 @@ class Runtime:
             cap = 2 * MAX_HOSTS + 8 + self.limits.processes
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
 
-    def _start_zygote(self) -> socket.socket:
+    def _start_zygote(self) -> tuple[int, socket.socket]:
         mine, theirs = socket.socketpair()
         parent = os.getpid()
         pid = os.fork()
@@ -106,7 +107,7 @@ class Runtime:
             finally:
                 os._exit(0)
         theirs.close()
-        return mine
+        return pid, mine
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -138,8 +139,11 @@ class Runtime:
 
     # -- zygote and hosts -----------------------------------------------------------------
     def _zygote(self, message: dict[str, Any], wait: float) -> dict[str, Any]:
-        channel.send(self.zygote, message)
-        answer = channel.receive(self.zygote, time.monotonic() + wait)
+        try:
+            channel.send(self.zygote, message)
+            answer = channel.receive(self.zygote, time.monotonic() + wait, HOST_MESSAGE_BYTES)
+        except OSError:
+            answer = None
         if answer is None:
             raise Unhealthy("the worker's zygote stopped answering")
         return answer
@@ -187,6 +191,7 @@ class Runtime:
     def _end_host(self, host: Host) -> None:
         host.sock.close()
         self._zygote({"op": "stop", "pid": host.pid}, HOST_GUARD)
+        self._reap()  # forks orphaned by the host's end must not hold process slots until the request ends
 
     def _drop(self, host: Host) -> None:
         for key, known in list(self.hosts.items()):
@@ -194,30 +199,47 @@ class Runtime:
                 self._stop_host(key)
 
     # -- running requests in forks --------------------------------------------------------
-    def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
-        """Run one request in a ready fork of ``host``: write it in, read the answer out."""
-        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+    def _take_fork(self, host: Host) -> tuple[int, int, int] | None:
+        """Ask ``host`` for its ready fork: (pid, request descriptor, answer descriptor), or None
+        (and the host is dropped) if it does not hand one over properly."""
+        fds: list[int] | None = None
+        pid = 0
         try:
             channel.send(host.sock, {"op": "spare"})
             handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
             if handed is not None and handed.get("unhealthy"):
-                raise Unhealthy(f"cannot start a call process: {handed['error']['message']}")
-            fds = channel.receive_fds(host.sock, 2, time.monotonic() + HOST_GUARD) if handed else None
+                raise Unhealthy(f"cannot start a call process: {str(handed.get('error'))[:500]}")
+            offered = handed.get("pid") if handed else None
+            if type(offered) is int and offered > 0:
+                pid = offered
+                fds = channel.receive_fds(host.sock, 2, time.monotonic() + HOST_GUARD)
         except OSError:
-            handed, fds = None, None
-        if handed is None or fds is None or "pid" not in handed:
+            fds = None
+        if fds is None:
             self._drop(host)
+            return None
+        return pid, fds[0], fds[1]
+
+    def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
+        """Run one request in a ready fork of ``host``: write it in, read the answer out."""
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        taken = self._take_fork(host)
+        if taken is None and request.get("env") in self.sources:
+            host = self._host(request["env"])  # it died since its last use: one fresh start
+            taken = self._take_fork(host)
+        if taken is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        pid = int(handed["pid"])
-        request_fd, answer_fd = fds
+        pid, request_fd, answer_fd = taken
         deadline = time.monotonic() + timeout
         try:
-            _write_all(request_fd, protocol.encode_frame(request))
-        except OSError:
-            pass  # it died waiting; its end is reported below
+            wrote = _write_by(request_fd, protocol.encode_frame(request), deadline)
         finally:
             os.close(request_fd)
-        answer, outcome = read_answer(answer_fd, deadline, cap)
+        if wrote:
+            answer, outcome = read_answer(answer_fd, deadline, cap)
+        else:
+            os.close(answer_fd)
+            answer, outcome = None, "timeout"
         done = outcome == "done"
         try:
             # A fork that answered is ended at once; otherwise its host waits out the deadline
@@ -237,12 +259,19 @@ class Runtime:
         except (KeyError, TypeError, ValueError):
             self._drop(host)
             return {"error": error(SANDBOX_ERROR, "the environment's process sent a malformed report")}
-        return {"error": outcome_error(outcome, status, overran, timeout, cap)}
+        return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
-        results = []
+        results: list[dict[str, Any]] = []
+        restarted = False
         for index, source in enumerate(request["checks"]):
+            if host.sock.fileno() < 0:  # a check broke the host; the one restart is spent
+                if restarted:
+                    results.append({"passed": False, "error": "sandbox_error: not run (an earlier check broke "
+                                                              "the environment's process)"})
+                    continue
+                host, restarted = self._host(request["env"]), True
             check = {"op": "check", "index": index, "source": source, "state": request["state"],
                      "initial": request["initial"], "timeout": request.get("timeout", DEFAULT_TIMEOUT)}
             outcome = self._run(host, check, 1 << 20)
@@ -254,13 +283,15 @@ class Runtime:
             reason = outcome.get("error")
             results.append({"passed": outcome.get("passed") is True,
                             "error": None if reason is None else str(reason)[:1000]})
-            host = self._host(request["env"])  # started again if the check broke it
         return {"checks": results}
 
     # -- hygiene --------------------------------------------------------------------------
+    def _reap(self) -> None:
+        if self.zygote_pid in _reap():
+            self.unhealthy = True  # without its zygote the worker can start no environment
     def _scrub(self) -> None:
         """Leave nothing from this request for the next one."""
-        _reap()
+        self._reap()
         if not self.private_tmp:
             return
         for entry in os.scandir("/tmp"):
@@ -280,18 +311,31 @@ def _answer_cap(request: dict[str, Any]) -> int:
     return int(request.get("max_state_bytes", 1 << 24)) + int(request.get("max_result_bytes", 1 << 20)) + FRAME_SLACK
 
 
-def _reap() -> None:
-    """Orphans re-parented to the worker (it is a subreaper, or PID 1 of its namespace)."""
+def _reap() -> set[int]:
+    """Wait for ended children and orphans (the worker is a subreaper, or PID 1 of its namespace)."""
+    reaped: set[int] = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.add(pid)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_by(fd: int, data: bytes, deadline: float) -> bool:
+    """Write all of ``data`` unless ``deadline`` passes first (a fork that stopped reading)."""
+    os.set_blocking(fd, False)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+            return False
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+        except OSError:
+            return True  # it is gone; reading its answer tells how it ended
+    return True

@@ -365,6 +365,7 @@ async def test_a_class_that_fails_to_load_is_a_sandbox_error_for_the_call(pool_f
         assert not out.ok and out.error["type"] == "sandbox_error"
         assert "load_error" in out.error["message"] and "module code failed" in out.error["message"]
         assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok
+        assert pool.replaced == 0  # module code runs in its own process: the worker is unharmed
 
 
 SPY = """
@@ -565,3 +566,20 @@ async def test_module_code_that_uses_up_processes_gets_its_worker_replaced(pool_
         assert pool.replaced >= 1
         out = await pool.call(PROBE, state, "increment", {})
         assert out.ok, out.error
+
+
+async def test_a_killed_zygote_gets_its_worker_replaced(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        state = await _state(pool)
+        await pool.call(PROBE, state, "kill_zygote", {})
+        for _ in range(3):  # at most a call or two meet the broken worker before it is replaced
+            if (await pool.call(PROBE, state, "increment", {})).ok:
+                break
+        assert (await pool.call(PROBE, state, "increment", {})).ok
+        assert pool.replaced >= 1
+
+
+async def test_an_unnamed_signal_is_reported_as_a_crash(pool_factory: Any) -> None:
+    async with pool_factory() as pool:
+        out = await pool.call(PROBE, await _state(pool), "realtime_signal", {})
+        assert not out.ok and out.error["type"] == "tool_exception" and "signal" in out.error["message"]
