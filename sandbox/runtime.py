@@ -24,6 +24,7 @@ import os
 import resource
 import select
 import shutil
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -65,14 +66,18 @@ class Host:
 
 
 class Runtime:
-    def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None) -> None:
+    def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
+                 own_processes: bool = False) -> None:
         self.limits = limits
         self.private_tmp = private_tmp
+        # Only in a PID namespace (or container) of its own may the worker stop and kill what it sees.
+        self.own_processes = own_processes
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = list(preserve or [])
         self.hosts: dict[str, Host] = {}
         self.sources: dict[str, dict[str, Any]] = {}
         self.unhealthy = False
+        self.running: str | None = None  # the environment whose processes may run right now
         self._set_limits()
         # Other processes of our uid (every fork runs environment code) must not read our memory,
         # which holds every session's requests, nor open our descriptors through /proc.
@@ -163,7 +168,29 @@ class Runtime:
                 raise Failure("not_loaded", f"environment {key[:12]} is not loaded in this worker")
             host = self._start_host(key)  # after a crash or an eviction
         host.used = time.monotonic()
+        if self.running != key and self.own_processes:
+            self._isolate(key)
         return host
+
+    def _isolate(self, key: str) -> None:
+        """Let only ``key``'s processes run while its request is served.
+
+        Environments sharing a worker share its uid and /tmp, so a thread or child that one
+        environment left running could watch files or signal processes of another's calls.
+        Every other environment's host and children are stopped until their own next request,
+        and processes that belong to no host (daemons that left their parent) are killed.
+        """
+        owners = {host.pid: name for name, host in self.hosts.items()}
+        keep = {os.getpid(), os.getppid(), self.zygote_pid}
+        for pid, ppid in _processes():
+            if pid in keep or ppid == self.zygote_pid and pid not in owners:
+                continue
+            owner = owners.get(pid, owners.get(ppid))
+            if owner is None:
+                _signal(pid, signal.SIGKILL)
+            else:
+                _signal(pid, signal.SIGCONT if owner == key else signal.SIGSTOP)
+        self.running = key
 
     def _start_host(self, key: str) -> Host:
         while len(self.hosts) >= MAX_HOSTS:
@@ -309,6 +336,26 @@ class Runtime:
 
 def _answer_cap(request: dict[str, Any]) -> int:
     return int(request.get("max_state_bytes", 1 << 24)) + int(request.get("max_result_bytes", 1 << 20)) + FRAME_SLACK
+
+
+def _processes() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process this worker can see: its own namespace's."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    found.append((int(entry), int(stat.read().rsplit(")", 1)[1].split()[1])))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
 
 
 def _reap() -> set[int]:

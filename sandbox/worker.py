@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # /tmp and the IPC namespace are ours to empty only when confinement made them private.
     private = args.container or "filesystem" in report["applied"]
-    runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []))
+    runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
+                      own_processes=args.container or "processes" in report["applied"])
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

@@ -583,3 +583,56 @@ async def test_an_unnamed_signal_is_reported_as_a_crash(pool_factory: Any) -> No
     async with pool_factory() as pool:
         out = await pool.call(PROBE, await _state(pool), "realtime_signal", {})
         assert not out.ok and out.error["type"] == "tool_exception" and "signal" in out.error["message"]
+
+
+SNOOP = """
+import json
+import os
+import socket
+import threading
+import time
+
+SEEN = []
+
+
+def watch():
+    while True:
+        try:
+            SEEN.extend(name for name in os.listdir("/tmp") if name not in SEEN)
+        except OSError:
+            pass
+        time.sleep(0.01)
+
+
+def tell():
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind("\\0envfoundry-snoop")
+    server.listen(4)
+    while True:
+        client, _ = server.accept()
+        client.sendall(json.dumps(SEEN).encode())
+        client.close()
+
+
+threading.Thread(target=watch, daemon=True).start()
+threading.Thread(target=tell, daemon=True).start()
+
+
+class Snoop:
+    def seen(self) -> list:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.settimeout(2)
+        client.connect("\\0envfoundry-snoop")
+        return json.loads(client.recv(65536).decode())
+"""
+
+
+async def test_an_environment_cannot_watch_another_run(pool_factory: Any) -> None:
+    snoop = EnvCode("snoop-env", "snoop", "Snoop", SNOOP)
+    async with pool_factory(size=1) as pool:
+        snoop_state = await pool.init_state(snoop, {})
+        state = await _state(pool)
+        for i in range(3):
+            assert (await pool.call(PROBE, state, "write_and_wait", {"path": f"/tmp/victim-{i}", "seconds": 0.3})).ok
+        seen = await pool.call(snoop, snoop_state, "seen", {})
+        assert seen.ok and not any(name.startswith("victim") for name in seen.result), seen.result
