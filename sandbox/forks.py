@@ -231,13 +231,6 @@ def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap:
     return _death(status)
 
 
-def reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
 def _set_call_limits(timeout: float, limits: WorkerLimits) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
@@ -296,9 +289,8 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
     os._exit(0)
 
 
-def _collect(pid: int, read_fd: int, timeout: float, cap: int, *, reap: bool = True) -> dict[str, Any]:
-    """Read a fork's answer; stop it at the deadline or the size cap. With ``reap`` false a fork
-    that answered in full is only signalled, and the caller waits for it later (off the critical path)."""
+def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]:
+    """Read the answer of a fork this process made; stop it at the deadline or the size cap."""
     buffer = bytearray()
     expected: int | None = None
     deadline = time.monotonic() + timeout
@@ -330,8 +322,7 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int, *, reap: bool = T
             answer: dict[str, Any] = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
         except ValueError:
             answer = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
-        if reap:
-            os.waitpid(pid, 0)
+        os.waitpid(pid, 0)
         return answer
     if outcome is None and not _exits_by(pid, deadline):
         outcome = "timeout"  # it closed its end of the pipe but kept running
