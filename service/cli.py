@@ -51,6 +51,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             report = await validate_catalog([Path(p) for p in args.dirs], pool)
         finally:
             await pool.close()
+        for note in report.notes:
+            print(f"NOTE {note}")
         for problem in report.problems:
             print(f"PROBLEM {problem}")
         print(f"{report.environments} environments, {report.scenarios} scenarios, {len(report.problems)} problems")

@@ -19,6 +19,7 @@ class Report:
     environments: int = 0
     scenarios: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +55,14 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
         try:
             created = await sessions.create(scenario.scenario_id, None, None)
             sid = created.meta.session_id
+            before = await sessions.score(sid)
+            if before["total"] and before["passed"] == before["total"]:
+                report.problems.append(f"{where}: every check already passes on the initial state "
+                                       "(an agent that does nothing scores 1.0)")
+            for check in before["checks"]:
+                if check["passed"]:
+                    report.notes.append(f"{where}: passes before any call (fine for a 'leave unchanged' "
+                                        f"check): {check['item']}")
             for i, call in enumerate(scenario.reference_solution):
                 step = await sessions.call(sid, call.name, call.arguments)
                 if not step["ok"]:

@@ -42,6 +42,19 @@ def test_validate_reports_a_reference_solution_that_misses_a_check(tmp_path: Pat
     assert "unknown_tool" in result.stdout
 
 
+def test_validate_reports_checks_that_cannot_fail(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    shutil.copytree(BUNDLED / "library_circulation", catalog / "library_circulation")
+    path = catalog / "library_circulation" / "scenarios.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for check in lines[0]["checklist"]:
+        check["check"] = "def check_func(final_state):\n    return True"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run("catalog", "validate", str(catalog))
+    assert result.returncode == 1
+    assert f"{lines[0]['scenario_id']}: every check already passes on the initial state" in result.stdout
+
+
 def test_validate_reports_a_package_that_does_not_load(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(BUNDLED / "online_store_orders", broken / "online_store_orders")
