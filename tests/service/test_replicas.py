@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import secrets
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.conftest import Server, start_server
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    value = f"eftest-{secrets.token_hex(4)}"
-    yield value
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{value}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
 def test_any_replica_serves_any_session_and_a_crash_loses_nothing(tmp_path: Path, redis_url: str,
-                                                                  prefix: str) -> None:
-    env = {"ENVFOUNDRY_KEY_PREFIX": prefix}
+                                                                  key_prefix: str) -> None:
+    env = {"ENVFOUNDRY_KEY_PREFIX": key_prefix}
     a = start_server(tmp_path, redis_url=redis_url, extra_env=env)
     b = start_server(tmp_path, redis_url=redis_url, extra_env=env)
     servers: list[Server] = [a, b]
@@ -55,8 +42,8 @@ def test_any_replica_serves_any_session_and_a_crash_loses_nothing(tmp_path: Path
             server.stop()
 
 
-def test_environments_created_on_one_replica_serve_on_another(tmp_path: Path, redis_url: str, prefix: str) -> None:
-    env = {"ENVFOUNDRY_KEY_PREFIX": prefix}
+def test_environments_created_on_one_replica_serve_on_another(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
+    env = {"ENVFOUNDRY_KEY_PREFIX": key_prefix}
     a = start_server(tmp_path, redis_url=redis_url, extra_env=env)
     b = start_server(tmp_path, redis_url=redis_url, extra_env=env)
     code = "class Tally:\n    def __init__(self):\n        self.n = 0\n\n    def bump(self) -> int:\n" \
@@ -80,7 +67,7 @@ def test_idle_sessions_expire_and_use_refreshes_them(tmp_path: Path, store: str,
     url = None
     if store == "redis":
         url = request.getfixturevalue("redis_url")
-        extra["ENVFOUNDRY_KEY_PREFIX"] = request.getfixturevalue("prefix")
+        extra["ENVFOUNDRY_KEY_PREFIX"] = request.getfixturevalue("key_prefix")
     server = start_server(tmp_path, redis_url=url, extra_env=extra, workers=1)
     try:
         with server.client() as http:
