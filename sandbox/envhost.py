@@ -51,9 +51,6 @@ from sandbox.forks import (
     spawn_spare,
 )
 
-# Room for the frame's JSON around the result and state, beyond their own limits.
-FRAME_SLACK = 1 << 20
-
 
 def public_state(instance: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
