@@ -9,17 +9,24 @@
     ├── SessionBusy         409 session-busy         (previous call still running)
     └── Unavailable         503 unavailable          (sandbox or store down)
 
-``type`` is a stable URN per class; clients branch on it, not on ``detail``.
+``type`` is a stable URN per class; clients branch on it, not on ``detail``. A store error that
+reaches the edge untranslated is a 503 too, never a 500: an outage is not a bug.
+
+409 and 503 answers carry ``Retry-After``: the seconds the failing part announced (an
+unreachable Redis says when it will be tried again) or, without such a figure, one second.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.store import StoreError
 
 MEDIA_TYPE = "application/problem+json"
 
@@ -82,13 +89,27 @@ class Unavailable(ServiceError):
 
 
 def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,
-                     **extra: Any) -> JSONResponse:
+                     retry_after: float | None = None, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
     if instance:
         body["instance"] = instance
     body.update(extra)
-    headers = {"Retry-After": "1"} if status in (409, 503) and slug != "conflict" else None
+    headers = None
+    if status in (409, 503) and slug != "conflict":
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after or 0)))}
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def announced_retry(exc: BaseException | None) -> float | None:
+    """The ``retry_after`` an error or one of its causes carries (e.g. the store's reconnect delay)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        value = getattr(exc, "retry_after", None)
+        if isinstance(value, int | float):
+            return float(value)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -101,7 +122,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path, **exc.extra)
+        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path,
+                                announced_retry(exc), **exc.extra)
+
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+        return problem_response(Unavailable.status, Unavailable.slug, Unavailable.title, str(exc), request.url.path,
+                                announced_retry(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -11,10 +12,19 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.keys import Keys
 from service.store import LockTimeout, SessionMeta, Snapshot, StoreError
+
+# While Redis is unreachable, requests fail at once and the store tries it again after a delay that
+# doubles from the first to the longest; the delay left is the Retry-After clients are told.
+RECONNECT_FIRST = 0.5
+RECONNECT_LONGEST = 4.0
+# How long one command may wait for Redis's answer before the store calls it unreachable.
+COMMAND_TIMEOUT = 10.0
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,15 +51,58 @@ return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
 
+class StoreUnavailable(StoreError):
+    """Redis cannot be reached; the store tries it again in ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Reconnect:
+    """When to try an unreachable Redis again, so an outage costs each request nothing but a refusal.
+
+    Without it every request would spend its own connect attempt on a Redis that is down, and the
+    Retry-After it answers with would be a guess.
+    """
+
+    def __init__(self, first: float = RECONNECT_FIRST, longest: float = RECONNECT_LONGEST) -> None:
+        self.first = first
+        self.longest = longest
+        self.delay = first
+        self.retry_at = 0.0
+
+    def check(self) -> None:
+        """Raise StoreUnavailable while the next attempt is not due yet."""
+        wait = self.retry_at - time.monotonic()
+        if wait > 0:
+            raise StoreUnavailable(f"redis is unreachable; trying again in {math.ceil(wait)} s", wait)
+
+    def failed(self, exc: RedisError) -> StoreUnavailable:
+        wait = self.delay
+        self.retry_at = time.monotonic() + wait
+        self.delay = min(self.delay * 2, self.longest)
+        return StoreUnavailable(f"redis is unreachable ({exc}); trying again in {math.ceil(wait)} s", wait)
+
+    def succeeded(self) -> None:
+        self.delay = self.first
+        self.retry_at = 0.0
+
+
 def _translated(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Redis errors become StoreError here, once, so the service sees only its own errors."""
 
     @wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        store = args[0]
+        assert isinstance(store, RedisStore)
+        store.reconnect.check()
         try:
-            return await fn(*args, **kwargs)
+            result = await fn(*args, **kwargs)
         except RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+            raise await store.translate(exc) from exc
+        store.reconnect.succeeded()
+        return result
 
     return wrapper
 
@@ -59,11 +112,27 @@ class RedisStore:
         self.ttl = ttl
         self.keys = Keys(prefix)
         self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5
+            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5,
+            socket_timeout=COMMAND_TIMEOUT,
         )
+        self.reconnect = Reconnect()
+        # Call locks whose release failed because Redis was down: released once it is back, so a
+        # session is not blocked for a whole lease after an outage (key -> token).
+        self._unreleased: dict[str, str] = {}
         self._commit = self.client.register_script(COMMIT)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
+
+    async def translate(self, exc: RedisError) -> StoreError:
+        """Our error for a Redis error; an unreachable Redis also drops the pool's idle connections,
+        which point at a server that is gone, so the first request after it returns works."""
+        if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            return StoreError(f"redis: {exc}")
+        try:
+            await self.client.connection_pool.disconnect(inuse_connections=False)
+        except (RedisError, OSError):
+            pass
+        return self.reconnect.failed(exc)
 
     @property
     def _ttl_ms(self) -> int:
@@ -136,23 +205,27 @@ class RedisStore:
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
         key = self.keys.session(session_id).lock
         token = secrets.token_hex(16)
-        deadline = time.monotonic() + wait
-        delay = 0.002
-        try:
-            while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
-                if time.monotonic() >= deadline:
-                    raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        except RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+        await self._acquire(key, token, wait, lease, session_id)
         try:
             yield
         finally:
             try:
                 await self._release(keys=[key], args=[token])
             except RedisError:
-                pass  # the lease expires by itself
+                self._unreleased[key] = token  # released when Redis answers again; else the lease ends it
+
+    @_translated
+    async def _acquire(self, key: str, token: str, wait: float, lease: float, session_id: str) -> None:
+        for stale, stale_token in list(self._unreleased.items()):
+            await self._release(keys=[stale], args=[stale_token])
+            del self._unreleased[stale]
+        deadline = time.monotonic() + wait
+        delay = 0.002
+        while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     @_translated
     async def put_record(self, kind: str, key: str, value: str) -> str | None:
