@@ -28,7 +28,7 @@ from schemathesis import GenerationMode, checks
 from tests.conftest import ROOT, Server, start_server
 
 OPENAPI = ROOT / "openapi" / "openapi.json"
-FUZZ_EXAMPLES = 5
+FUZZ_EXAMPLES = 150
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
