@@ -31,6 +31,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MEDIA_TYPE = "application/problem+json"
+# Validation problems listed in one answer (the rest are counted in ``errors_omitted``).
+MAX_ERRORS = 20
 # Problems a client may retry as they are (the same request can succeed later).
 RETRYABLE = frozenset({"session-busy", "unavailable", "user-llm-failed"})
 
@@ -180,10 +182,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        # A body can fail in millions of places; the answer names the first few, never echoes input.
+        raw = exc.errors()
+        errors = [{"field": _field(e.get("loc", ()))[:200], "message": str(e.get("msg", ""))[:500]}
+                  for e in raw[:MAX_ERRORS]]
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         detail = f"{first['field']}: {first['message']}"
-        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, errors=errors)
+        extra: dict[str, Any] = {"errors": errors}
+        if len(raw) > MAX_ERRORS:
+            extra["errors_omitted"] = len(raw) - MAX_ERRORS
+        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, **extra)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -11,17 +11,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
 from sandbox import codec
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
+from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.problems import (
     Conflict,
     ConversationEnded,
+    LimitExceeded,
     InvalidEnvironment,
     InvalidRequest,
     NotConversation,
@@ -39,8 +38,6 @@ from service.user_llm import UserLLMFailed as UserEndpointFailed
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
-# Echoed argument values and messages are cut here so an error cannot be larger than the request.
-MAX_MESSAGE = 1000
 
 
 @dataclass
@@ -70,7 +67,7 @@ class Sessions:
         self.pool = pool
         self.lock_wait = lock_wait
         self.user = user
-        self._validators: dict[tuple[str, str], Draft202012Validator] = {}
+        self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
@@ -248,16 +245,17 @@ class Sessions:
         return arguments, await self.pool.call(env_code(env), state, name, arguments)
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+        """Raises LimitExceeded: arguments over a bound (nothing is applied)."""
         key = (env.code_hash, tool["function"]["name"])
-        validator = self._validators.get(key)
-        if validator is None:
-            validator = Draft202012Validator(tool["function"].get("parameters") or {"type": "object"})
-            self._validators[key] = validator
-        error = best_match(validator.iter_errors(arguments))
-        if error is None:
-            return _unicode_problem(arguments)
-        where = "/".join(str(p) for p in error.absolute_path)
-        return _cut(f"argument '{where}': {error.message}" if where else error.message)
+        checker = self._checkers.get(key)
+        if checker is None:
+            checker = ArgumentChecker(tool["function"].get("parameters") or {"type": "object"})
+            self._checkers[key] = checker
+        try:
+            problem = checker.problem(arguments)
+        except ArgumentLimit as exc:
+            raise LimitExceeded(str(exc), field="arguments", limit=exc.limit, value=exc.value) from exc
+        return problem or _unicode_problem(arguments)
 
     async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, dict[str, Any]]:
         snap = await self.snapshot(session_id, tenant=tenant)
@@ -308,10 +306,6 @@ class Sessions:
             return await awaitable
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"
 
 
 def _unicode_problem(value: Any) -> str | None:

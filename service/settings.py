@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
     max_result_bytes: int = Field(default=1 << 20, description="Size of a tool's JSON result.")
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
-    max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
+    max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
+                                "hold the event loop for long).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(
