@@ -138,6 +138,21 @@ class ClinicSchedulingDesk:
                 return f"The patient already has appointment {other.get('appointment_id')} at {other.get('start_time')}"
         return None
 
+    def _scheduled(self, appointment_id: Any, when: Literal["upcoming", "due"]) -> Tuple[Optional[AppointmentInfo], str]:
+        """The scheduled appointment if it is dated today or later ("upcoming") or today or
+        earlier ("due"), else None and the reason."""
+        appointment = self._lookup(self.appointments, appointment_id)
+        if appointment is None:
+            return None, f"Appointment '{appointment_id}' not found"
+        if appointment.get("status") != "scheduled":
+            return None, f"Appointment '{appointment_id}' is {appointment.get('status')}, not scheduled"
+        day = str(appointment.get("date", ""))
+        if when == "upcoming" and day < self.current_date:
+            return None, f"Appointment '{appointment_id}' was on {day}, in the past; complete it or mark a no-show"
+        if when == "due" and day > self.current_date:
+            return None, f"Appointment '{appointment_id}' is on {day}, in the future"
+        return appointment, ""
+
     def _next_appointment_id(self) -> str:
         n = len(self.appointments) + 1
         while f"A{n:04d}" in self.appointments:
@@ -383,13 +398,9 @@ class ClinicSchedulingDesk:
         Returns:
             dict: {"success": True, "data": AppointmentInfo} or {"success": False, "error": str}.
         """
-        appointment = self._lookup(self.appointments, appointment_id)
+        appointment, problem = self._scheduled(appointment_id, "upcoming")
         if appointment is None:
-            return {"success": False, "error": f"Appointment '{appointment_id}' not found"}
-        if appointment.get("status") != "scheduled":
-            return {"success": False, "error": f"Appointment '{appointment_id}' is {appointment.get('status')}, only scheduled ones can move"}
-        if str(appointment.get("date", "")) < self.current_date:
-            return {"success": False, "error": f"Appointment '{appointment_id}' is in the past"}
+            return {"success": False, "error": problem}
         doctor = self.doctors.get(appointment.get("doctor_id", ""))
         if doctor is None:
             return {"success": False, "error": "The appointment's doctor no longer exists"}
@@ -415,13 +426,9 @@ class ClinicSchedulingDesk:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        appointment = self._lookup(self.appointments, appointment_id)
+        appointment, problem = self._scheduled(appointment_id, "upcoming")
         if appointment is None:
-            return {"success": False, "error": f"Appointment '{appointment_id}' not found"}
-        if appointment.get("status") != "scheduled":
-            return {"success": False, "error": f"Appointment '{appointment_id}' is {appointment.get('status')}, only scheduled ones can be cancelled"}
-        if str(appointment.get("date", "")) < self.current_date:
-            return {"success": False, "error": f"Appointment '{appointment_id}' is in the past; complete it or mark a no-show"}
+            return {"success": False, "error": problem}
         if not isinstance(reason, str) or not reason.strip():
             return {"success": False, "error": "A cancellation reason is required"}
         appointment["status"] = "cancelled"
@@ -442,13 +449,9 @@ class ClinicSchedulingDesk:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        appointment = self._lookup(self.appointments, appointment_id)
+        appointment, problem = self._scheduled(appointment_id, "due")
         if appointment is None:
-            return {"success": False, "error": f"Appointment '{appointment_id}' not found"}
-        if appointment.get("status") != "scheduled":
-            return {"success": False, "error": f"Appointment '{appointment_id}' is {appointment.get('status')}"}
-        if str(appointment.get("date", "")) > self.current_date:
-            return {"success": False, "error": f"Appointment '{appointment_id}' is on {appointment.get('date')}, in the future"}
+            return {"success": False, "error": problem}
         if not isinstance(visit_notes, str) or not visit_notes.strip():
             return {"success": False, "error": "Visit notes are required"}
         appointment["status"] = "completed"
@@ -467,13 +470,9 @@ class ClinicSchedulingDesk:
             dict: {"success": True, "data": {"appointment_id", "patient_id", "no_show_count"}} or
             {"success": False, "error": str}.
         """
-        appointment = self._lookup(self.appointments, appointment_id)
+        appointment, problem = self._scheduled(appointment_id, "due")
         if appointment is None:
-            return {"success": False, "error": f"Appointment '{appointment_id}' not found"}
-        if appointment.get("status") != "scheduled":
-            return {"success": False, "error": f"Appointment '{appointment_id}' is {appointment.get('status')}"}
-        if str(appointment.get("date", "")) > self.current_date:
-            return {"success": False, "error": f"Appointment '{appointment_id}' has not happened yet"}
+            return {"success": False, "error": problem}
         appointment["status"] = "no_show"
         patient = self.patients.get(appointment.get("patient_id", ""))
         count = 0

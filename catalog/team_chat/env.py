@@ -69,6 +69,13 @@ class TeamChatWorkspace:
     def _is_member(self, channel: ChannelInfo) -> bool:
         return self.current_user in channel.get("member_ids", [])
 
+    def _visible_channel(self, channel_id: Any) -> Optional[ChannelInfo]:
+        # A private channel does not exist for non-members, so they get the same answer as for a wrong id.
+        channel = self._lookup(self.channels, channel_id)
+        if channel is None or (channel.get("is_private") and not self._is_member(channel)):
+            return None
+        return channel
+
     def _text_problem(self, text: Any) -> Optional[str]:
         if not isinstance(text, str) or not text.strip():
             return "Message text must be a non-empty string"
@@ -78,8 +85,8 @@ class TeamChatWorkspace:
 
     def _channel_for_posting(self, channel_id: Any) -> Any:
         """The channel if the current user may post in it, else an error string."""
-        channel = self._lookup(self.channels, channel_id)
-        if channel is None or (channel.get("is_private") and not self._is_member(channel)):
+        channel = self._visible_channel(channel_id)
+        if channel is None:
             return f"Channel '{channel_id}' not found"
         if channel.get("archived"):
             return f"#{channel.get('name')} is archived and read-only"
@@ -158,8 +165,8 @@ class TeamChatWorkspace:
         Returns:
             dict: {"success": True, "data": List[MessageInfo]} or {"success": False, "error": str}.
         """
-        channel = self._lookup(self.channels, channel_id)
-        if channel is None or (channel.get("is_private") and not self._is_member(channel)):
+        channel = self._visible_channel(channel_id)
+        if channel is None:
             return {"success": False, "error": f"Channel '{channel_id}' not found"}
         if not self._is_member(channel):
             return {"success": False, "error": f"Join #{channel.get('name')} to read its messages"}
@@ -239,8 +246,8 @@ class TeamChatWorkspace:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        channel = self._lookup(self.channels, channel_id)
-        if channel is None or (channel.get("is_private") and not self._is_member(channel)):
+        channel = self._visible_channel(channel_id)
+        if channel is None:
             return {"success": False, "error": f"Channel '{channel_id}' not found"}
         if self._is_member(channel):
             return {"success": False, "error": f"Already a member of #{channel.get('name')}"}
@@ -426,8 +433,8 @@ class TeamChatWorkspace:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        channel = self._lookup(self.channels, channel_id)
-        if channel is None or (channel.get("is_private") and not self._is_member(channel)):
+        channel = self._visible_channel(channel_id)
+        if channel is None:
             return {"success": False, "error": f"Channel '{channel_id}' not found"}
         if channel.get("archived"):
             return {"success": False, "error": f"#{channel.get('name')} is already archived"}
