@@ -1,4 +1,4 @@
-from typing import Any, Dict, Literal, Optional, TypedDict
+from typing import Any, Dict, Literal, Optional, Tuple, TypedDict
 
 
 class CustomerInfo(TypedDict):
@@ -122,6 +122,15 @@ class BankLedgerSystem:
         }
         self.transactions[txn["txn_id"]] = txn
         return txn
+
+    def _active_account(self, account_id: Any, action: str) -> Tuple[Optional[AccountInfo], str]:
+        """The account if it exists and is active, else None and why it cannot be ``action``."""
+        account = self._lookup(self.accounts, account_id)
+        if account is None:
+            return None, f"Account '{account_id}' not found"
+        if account.get("status") != "active":
+            return None, f"Account '{account_id}' is {account.get('status')}, only active accounts can be {action}"
+        return account, ""
 
     def _is_credit(self, txn_id: str) -> bool:
         return (self.transactions.get(txn_id) or {}).get("kind") in ("deposit", "transfer_in")
@@ -355,11 +364,9 @@ class BankLedgerSystem:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        account = self._lookup(self.accounts, account_id)
+        account, problem = self._active_account(account_id, "frozen")
         if account is None:
-            return {"success": False, "error": f"Account '{account_id}' not found"}
-        if account.get("status") != "active":
-            return {"success": False, "error": f"Account '{account_id}' is {account.get('status')}, only active accounts can be frozen"}
+            return {"success": False, "error": problem}
         if not isinstance(reason, str) or not reason.strip():
             return {"success": False, "error": "A reason is required"}
         account["status"] = "frozen"
@@ -444,11 +451,9 @@ class BankLedgerSystem:
         Returns:
             dict: {"success": True, "message": str} or {"success": False, "error": str}.
         """
-        account = self._lookup(self.accounts, account_id)
+        account, problem = self._active_account(account_id, "closed")
         if account is None:
-            return {"success": False, "error": f"Account '{account_id}' not found"}
-        if account.get("status") != "active":
-            return {"success": False, "error": f"Account '{account_id}' is {account.get('status')}, only active accounts can be closed"}
+            return {"success": False, "error": problem}
         if abs(float(account.get("balance", 0))) > 0.005:
             return {"success": False, "error": f"Account '{account_id}' still holds {float(account.get('balance', 0)):.2f}; empty it first"}
         account["status"] = "closed"
