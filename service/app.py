@@ -101,6 +101,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         try:
             yield
         finally:
+            app.state.sessions.offload.close()
             await pool.close()
             await store.close()
             if user is not None:
