@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sandbox.pool import Backend, WorkerPool
 from service import problems
 from service.api import router
+from service.analysis import Analysis
 from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         user = make_user(settings)
         app.state.settings = settings
         app.state.keys = keys
+        app.state.analysis = Analysis()
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
