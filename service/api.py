@@ -253,7 +253,8 @@ async def get_state(session_id: str, who: Principal = Run, engine: Sessions = De
     return Response(content=f'{{"step":{step},"state":{view}}}', media_type="application/json")
 
 
-@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"])
+@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"],
+            response_model_exclude_unset=True)
 async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
                          limit: int = Query(default=MAX_PAGE, ge=1, le=MAX_PAGE), who: Principal = Run,
                          engine: Sessions = Depends(sessions)) -> schemas.Trajectory:

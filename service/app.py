@@ -96,7 +96,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
-        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user)
+        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user,
+                                      limits=settings.session_limits())
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.pool import Limits
+from service.sessions import SessionLimits
 
 
 class Settings(BaseSettings):
@@ -52,6 +53,12 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/auth.py).")
     max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
     max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
+    max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
+    max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
+                                  "a larger state diff is summarised.")
+    score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
+    tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
+                                        "tenant may hold at once.")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
@@ -63,6 +70,10 @@ class Settings(BaseSettings):
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
+
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(max_steps=self.max_steps, max_record_bytes=self.max_record_bytes,
+                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
 
     def limits(self) -> Limits:
         return Limits(
