@@ -39,6 +39,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local live = redis.call('ZCARD', KEYS[1])
+if live + #ARGV - 3 > tonumber(ARGV[2]) then return live end
+for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
+redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+return -1
+"""
+
 PUT_RECORD = """
 local existing = redis.call('HGET', KEYS[1], ARGV[1])
 if existing then return existing end
@@ -71,6 +80,7 @@ class RedisStore:
         self._commit = self.client.register_script(COMMIT)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
+        self._admit = self.client.register_script(ADMIT)
 
     @property
     def _ttl_ms(self) -> int:
@@ -120,15 +130,34 @@ class RedisStore:
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
-        outcome = await self._commit(
-            keys=[k.meta, k.state, k.initial, k.trajectory, k.idempotency],
-            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
-                  "1" if done else "0", key, value],
-        )
-        return int(outcome) == 1
+        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+                "1" if done else "0", key, value]
+        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency]
+        if tenant is None:
+            return int(await self._commit(keys=keys, args=args)) == 1
+        # One round trip: the commit and the refresh of the tenant's live count (another slot in a cluster).
+        expires = int((time.time() + self.ttl) * 1000)
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._commit(keys=keys, args=args, client=pipe)
+            pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
+            pipe.pexpireat(self.keys.live_sessions(tenant), expires)
+            results: list[Any] = await pipe.execute()
+        return int(results[0]) == 1
+
+    @_translated
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        now = int(time.time() * 1000)
+        live = await self._admit(keys=[self.keys.live_sessions(tenant)],
+                                 args=[now, limit, now + self._ttl_ms, *session_ids])
+        return None if int(live) < 0 else int(live)
+
+    @_translated
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        if session_ids:
+            await self.client.zrem(self.keys.live_sessions(tenant), *session_ids)
 
     @_translated
     async def idempotent(self, session_id: str, key: str) -> str | None:

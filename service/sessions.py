@@ -28,6 +28,7 @@ from service.problems import (
     InvalidRequest,
     NotConversation,
     NotFound,
+    QuotaExceeded,
     SessionBusy,
     Unavailable,
     UserLLMFailed,
@@ -59,6 +60,7 @@ class SessionLimits:
     """Bounds on what one session or tenant may hold or take; each is named in the problem it raises."""
 
     max_steps: int = 10_000
+    max_sessions: int = 10_000  # live sessions (forks included) per tenant
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold at once
@@ -117,8 +119,22 @@ class Sessions:
         now = time.time()
         metas = [SessionMeta(new_session_id(), env.env_id, scenario.scenario_id if scenario else None, now,
                              tenant=tenant, mode=mode, opening=opening) for _ in range(n)]
-        await self._store(self.store.create_group(metas, state, state, []))
+        await self._create(metas, state, state, [])
         return Created(metas, env, scenario)
+
+    async def _create(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        """Store a group within the tenant's quota of live sessions, all or none."""
+        tenant, ids = metas[0].tenant, [m.session_id for m in metas]
+        live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
+        if live is not None:
+            raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
+                                "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
+                                value=self.limits.max_sessions, retry_after=60)
+        try:
+            await self._store(self.store.create_group(metas, state, initial, trajectory))
+        except BaseException:
+            await self._store(self.store.forget(tenant, ids))
+            raise
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -265,7 +281,7 @@ class Sessions:
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
         committed = await self._store(self.store.commit(session_id, snap.meta.step, state, json.dumps(record),
-                                                        done=done, idempotency=remembered))
+                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
@@ -349,13 +365,14 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
-        await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+        await self._create(metas, snap.state, snap.initial, snap.trajectory)
         return Created(metas, env, scenario)
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
+        await self._store(self.store.forget(tenant, [session_id]))
 
     @staticmethod
     async def _store(awaitable: Any) -> Any:

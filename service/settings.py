@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
     max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
     max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
+    max_sessions: int = Field(default=10_000, ge=1, description="Live sessions (forks included) one tenant may hold.")
     max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
                                   "a larger state diff is summarised.")
     score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
@@ -72,7 +73,7 @@ class Settings(BaseSettings):
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
 
     def session_limits(self) -> SessionLimits:
-        return SessionLimits(max_steps=self.max_steps, max_record_bytes=self.max_record_bytes,
+        return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
                              score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
 
     def limits(self) -> Limits:

@@ -131,3 +131,20 @@ def test_one_tenant_cannot_hold_every_worker(bounded: Server, keys: Keys, slow_e
             for future in (first, second, third):
                 future.result()
         assert finished["beta"] < finished["alpha-1"] < finished["alpha-2"]
+
+
+def test_a_tenant_past_its_live_session_quota_gets_429(tmp_path: Path) -> None:
+    server = start_server(tmp_path, extra_env={"ENVFOUNDRY_MAX_SESSIONS": "3"})
+    try:
+        with server.client() as client:
+            group = client.post("/v1/sessions", json={"scenario_id": "probe-001", "n": 2}).json()["session_ids"]
+            refused = client.post("/v1/sessions", json={"scenario_id": "probe-001", "n": 2})
+            body = problem(refused, 429, "quota-exceeded")
+            assert body["quota"] == "max_sessions" and body["value"] == 3 and int(refused.headers["Retry-After"]) > 0
+            problem(client.post(f"/v1/sessions/{group[0]}/fork", json={"n": 2}), 429, "quota-exceeded")
+            fork = client.post(f"/v1/sessions/{group[0]}/fork")
+            assert fork.status_code == 201
+            assert client.delete(f"/v1/sessions/{group[1]}").status_code == 204
+            assert client.post("/v1/sessions", json={"scenario_id": "probe-001"}).status_code == 201
+    finally:
+        server.stop()
