@@ -134,8 +134,8 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
 }
 _BY_STATUS: dict[int, type[ProblemError]] = {
     401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: PayloadTooLarge, 422: InvalidRequest,
-    429: QuotaExceeded, 502: UserLLMFailed, 503: Unavailable,
-}
+    429: QuotaExceeded, 503: Unavailable,
+}  # 502 is left out: a gateway's Bad Gateway is not the user LLM failing
 
 
 def problem_class(status: int, problem_type: str) -> type[ProblemError]:
