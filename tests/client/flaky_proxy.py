@@ -4,18 +4,15 @@ error (429 or 503 with ``Retry-After: 0``) before forwarding the rest, and logs 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import free_port
+from tests.client.served import Served
 
 
 @dataclass
@@ -64,24 +61,12 @@ class FlakyProxy:
                                  if k.lower() in ("content-type", "retry-after", "idempotent-replayed")})
 
 
-class Running:
+class Running(Served):
     def __init__(self, proxy: FlakyProxy) -> None:
+        super().__init__(proxy.app, "flaky-proxy")
         self.proxy = proxy
-        port = free_port()
-        self.url = proxy.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(proxy.app, host="127.0.0.1", port=port, log_level="warning",
-                                                    lifespan="off", ws="none", http="h11", loop="asyncio"))
-        self.thread = threading.Thread(target=self.server.run, name="flaky-proxy", daemon=True)
+        proxy.url = self.url
 
     def __enter__(self) -> Running:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.01)
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)

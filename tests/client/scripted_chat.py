@@ -31,13 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import free_port
+from tests.client.served import Served
 
 Turn = dict[str, Any]
 USER_MODEL = "scripted-user"
@@ -153,27 +152,14 @@ class ScriptedChat:
                                           "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}]})
 
 
-class Running:
-    """The endpoint served by uvicorn in a thread on a free port; ``url`` ends in ``/v1``."""
+class Running(Served):
+    """The endpoint served on a free port; ``url`` ends in ``/v1``, as OpenAI base URLs do."""
 
     def __init__(self, script: ScriptedChat) -> None:
+        super().__init__(script.app, "scripted-chat")
         self.script = script
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}/v1"
-        config = uvicorn.Config(script.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                                ws="none", http="h11", loop="asyncio", timeout_graceful_shutdown=3)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="scripted-chat", daemon=True)
+        self.url += "/v1"
 
     def __enter__(self) -> Running:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the scripted chat server did not start")
-            time.sleep(0.01)
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
