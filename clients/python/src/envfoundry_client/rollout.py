@@ -218,5 +218,17 @@ async def rollout(ef: AsyncClient, llm: ChatLLM, scenario_ids: list[str], option
                 session = await ef.create_session(scenario_id, n=options.samples, mode=options.mode)
             await asyncio.gather(*(episode(session, sid, i) for i, sid in enumerate(session.session_ids)))
 
-        await asyncio.gather(*(group(s) for s in scenario_ids))
+        # A group that cannot even start (unknown scenario, no user LLM configured) stops the run:
+        # the task group cancels the other episodes, and the first cause is raised as it is.
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for scenario_id in scenario_ids:
+                    tasks.create_task(group(scenario_id))
+        except BaseExceptionGroup as failed:
+            raise _first(failed) from None
     return records
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
