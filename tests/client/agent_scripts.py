@@ -1,4 +1,4 @@
-"""What the scripted agent says, per scenario: track 0 solves it, track 1 does not (or stumbles)."""
+"""What the scripted agent (and, in conversation mode, the simulated user) says, per scenario."""
 
 from __future__ import annotations
 
@@ -38,5 +38,28 @@ STORE_001: list[list[Turn]] = [
                              items=[{"product_id": "P001", "quantity": 2}, {"product_id": "P002", "quantity": 1}])]},
         {"tool_calls": [call("pay_order", order_id="O0006", amount=80.53)]},
         {"content": "Order O0006 is placed and paid."},
+    ],
+]
+
+# Conversation mode, lib-001: the user reveals the task in two parts and stops once it is done.
+LIB_001_USER = [
+    "Hi, I'm Priya Natarajan, card M002. I'd like to return my copy of Kindred.",
+    "Thanks. Could you also renew my Dune loan and lend me Parable of the Sower?",
+    "That's everything, thank you!\n###STOP###",
+]
+LIB_001_OPENING = LIB_001_USER[0]
+
+LIB_001_CONVERSATION: list[list[Turn]] = [
+    [  # does each part as it is revealed: reward 1.0
+        {"tool_calls": [call("list_member_loans", member_id="M002")]},
+        {"tool_calls": [call("return_book", loan_id="L0003")]},
+        {"content": "Kindred is returned. Is there anything else?"},
+        {"tool_calls": [call("renew_loan", loan_id="L0001"), call("checkout_book", member_id="M002", book_id="B003")]},
+        {"content": "Dune is renewed and Parable of the Sower is yours until 2024-05-15."},
+    ],
+    [  # returns the book, then declines the rest: the user gives up; reward 1/3
+        {"tool_calls": [call("return_book", loan_id="L0003")]},
+        {"content": "Kindred is returned."},
+        {"content": "I'm sorry, I cannot do that today."},
     ],
 ]

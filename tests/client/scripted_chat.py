@@ -17,8 +17,10 @@ as ``<tool_call>`` blocks in the text, as prompt-mode models do.
 Usage is counted so tests can check totals by hand: ``prompt_tokens`` is 10 per message sent,
 ``completion_tokens`` is 5.
 
-Requests for ``model == USER_MODEL`` are answered from ``user_script`` instead (the simulated
-user of conversation mode, called by the envfoundry service): see ``UserScript``.
+Requests for ``model == USER_MODEL`` come from the envfoundry service asking its simulated user
+(conversation mode). They are answered from ``users``: the replies of the user whose goal (a
+scenario's task) the system prompt holds, the n-th reply when the request holds n assistant
+messages (the user's own earlier words); past the last reply the user stops.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,7 @@ class Logged:
 @dataclass
 class ScriptedChat:
     scripts: dict[str, list[list[Turn]]] = field(default_factory=dict)  # first user message -> tracks
-    user_script: Callable[[list[dict[str, Any]]], str] | None = None
+    users: dict[str, list[str]] = field(default_factory=dict)  # a scenario's task -> the user's replies
     requests: list[Logged] = field(default_factory=list)
     _openings: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,15 +98,28 @@ class ScriptedChat:
     def __post_init__(self) -> None:
         self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
 
-    def reset(self, scripts: dict[str, list[list[Turn]]]) -> None:
+    def reset(self, scripts: dict[str, list[list[Turn]]], users: dict[str, list[str]] | None = None) -> None:
         with self._lock:
             self.scripts = scripts
+            self.users = users or {}
             self.requests.clear()
             self._openings.clear()
 
     def agent_requests(self) -> list[Logged]:
         with self._lock:
             return [r for r in self.requests if r.model != USER_MODEL]
+
+    def user_requests(self) -> list[Logged]:
+        with self._lock:
+            return [r for r in self.requests if r.model == USER_MODEL]
+
+    def _user_reply(self, messages: list[dict[str, Any]]) -> str | None:
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+        for goal, replies in self.users.items():
+            if goal in system:
+                turn = sum(1 for m in messages if m["role"] == "assistant")
+                return replies[turn] if turn < len(replies) else "Nothing more, thanks.\n###STOP###"
+        return None
 
     def _track(self, key: str, history: list[dict[str, Any]], native: bool) -> int | None:
         tracks = self.scripts[key]
@@ -128,10 +142,10 @@ class ScriptedChat:
         with self._lock:
             self.requests.append(Logged(body["model"], native, messages, request.headers.get("authorization")))
         if body["model"] == USER_MODEL:
-            if self.user_script is None:
-                return JSONResponse({"error": {"message": "no user script"}}, 404)
-            return self._answer(body["model"], {"role": "assistant", "content": self.user_script(messages)},
-                                len(messages))
+            reply = self._user_reply(messages)
+            if reply is None:
+                return JSONResponse({"error": {"message": "no simulated user has this goal"}}, 404)
+            return self._answer(body["model"], {"role": "assistant", "content": reply}, len(messages))
         first_user = next((m["content"] for m in messages if m["role"] == "user"), None)
         if first_user not in self.scripts:
             return JSONResponse({"error": {"message": f"no script for the conversation {str(first_user)[:80]!r}"}},

@@ -9,6 +9,7 @@ from envfoundry_client import (
     CheckItem,
     Client,
     Conflict,
+    IdempotencyKeyReused,
     InvalidEnvironment,
     InvalidRequest,
     NotFound,
@@ -100,7 +101,7 @@ def test_problems_become_typed_exceptions_with_fields(ef: Client) -> None:
     assert "no-such-scenario" in missing.value.detail
     with pytest.raises(InvalidRequest) as invalid:
         ef.create_session()  # neither scenario_id nor env_id
-    assert invalid.value.status == 422 and invalid.value.errors and invalid.value.errors[0]["field"]
+    assert invalid.value.status == 422 and invalid.value.errors and invalid.value.field == invalid.value.errors[0]["field"]
     with pytest.raises(InvalidEnvironment):
         ef.create_environment("client-broken", "Broken", "class Broken(:\n")
 
@@ -144,3 +145,29 @@ def test_both_clients_expose_every_endpoint_with_its_docstring() -> None:
     for build in endpoints.ENDPOINTS:
         sync, asyn = getattr(Client, build.__name__), getattr(AsyncClient, build.__name__)
         assert sync.__doc__ == asyn.__doc__ == build.__doc__ and build.__doc__
+
+
+def test_groups_come_from_one_request(ef: Client) -> None:
+    group = ef.create_session("lib-001", n=3)
+    assert len(set(group.session_ids)) == 3 and group.session_id == group.session_ids[0]
+    ef.call(group.session_ids[1], "return_book", {"loan_id": "L0003"})
+    assert [ef.get_session(s).steps for s in group.session_ids] == [0, 1, 0]
+    forks = ef.fork(group.session_ids[1], n=2)
+    assert len(forks.session_ids) == 2
+    assert all(ef.get_session(s).parent_id == group.session_ids[1] for s in forks.session_ids)
+    assert all(ef.state(s).state == ef.state(group.session_ids[1]).state for s in forks.session_ids)
+    with pytest.raises(InvalidRequest) as too_many:
+        ef.create_session("lib-001", n=100_000)
+    assert too_many.value.field == "n" and "at most" in too_many.value.detail
+
+
+def test_idempotency_keys_make_repeats_harmless(ef: Client) -> None:
+    first = ef.create_session("lib-001", idempotency_key="client-create-1")
+    again = ef.create_session("lib-001", idempotency_key="client-create-1")
+    assert again.session_ids == first.session_ids
+    sid = first.session_id
+    one = ef.call(sid, "return_book", {"loan_id": "L0003"}, idempotency_key="client-call-1")
+    two = ef.call(sid, "return_book", {"loan_id": "L0003"}, idempotency_key="client-call-1")
+    assert one == two and one.ok and ef.get_session(sid).steps == 1
+    with pytest.raises(IdempotencyKeyReused):
+        ef.call(sid, "renew_loan", {"loan_id": "L0001"}, idempotency_key="client-call-1")

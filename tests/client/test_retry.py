@@ -84,6 +84,11 @@ def test_retry_policy_honours_retry_after_and_knows_what_is_safe() -> None:
     assert should_retry(call("s", "t", {}), busy, 0, policy) == 7.0  # carries an Idempotency-Key
     assert should_retry(call("s", "t", {}), busy, 3, policy) is None  # attempts used up
     assert should_retry(create_environment("e", "C", "code"), busy, 0, policy) is None
+    assert should_retry(call("s", "t", {}), httpx.Response(409, headers={"Retry-After": "1"}), 0, policy) == 1.0
+    assert should_retry(call("s", "t", {}), httpx.Response(409), 0, policy) is None  # a conflict to resolve
+    assert should_retry(call("s", "t", {}), httpx.Response(502, headers={"Retry-After": "1"}), 0, policy) == 1.0
     assert should_retry(get_scenario("x"), httpx.Response(500), 0, policy) is None
+    unconfigured = httpx.Response(503, json={"type": "urn:envfoundry:problem:user-llm-unavailable", "status": 503})
+    assert should_retry(call("s", "t", {}), unconfigured, 0, policy) is None  # no wait mends a missing user LLM
     assert should_retry(get_scenario("x"), httpx.Response(404), 0, policy) is None
     assert 0.5 <= (should_retry(get_scenario("x"), None, 1, policy) or 0) <= 2.0  # backoff with jitter

@@ -66,6 +66,14 @@ class ProblemError(EnvfoundryError):
         self.extra = extra or {}
         self.retry_after = retry_after
 
+    @property
+    def field(self) -> str | None:
+        """The request field at fault, when the problem names one (in ``errors`` or as ``field``)."""
+        if self.errors and self.errors[0].get("field"):
+            return self.errors[0]["field"]
+        named = self.extra.get("field")
+        return named if isinstance(named, str) else None
+
 
 class NotFound(ProblemError):
     slug = "not-found"

@@ -14,12 +14,17 @@ import httpx
 
 from envfoundry_client import __version__
 from envfoundry_client.endpoints import Operation
-from envfoundry_client.errors import ProtocolError, from_response
+from envfoundry_client.errors import PROBLEM_PREFIX, ProtocolError, from_response
 
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8000"
-# Retry on these answers only: the service is saturated or briefly down, nothing was applied.
+# Retry on these answers: the service is saturated or briefly down, nothing was applied.
 RETRY_STATUSES = frozenset({429, 503})
+# And on these when they carry Retry-After, which the service sends with the problems that are
+# worth repeating as they are (a session busy with an earlier call, a simulated user that failed).
+RETRY_WHEN_TOLD = frozenset({409, 502})
+# A 503 that no wait will mend: the service has no simulated user configured.
+PERMANENT = frozenset({PROBLEM_PREFIX + "user-llm-unavailable"})
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,20 @@ def should_retry(op: Operation[Any], response: httpx.Response | None, attempt: i
         return None
     if response is None:
         return retry.delay(attempt, None)
-    if response.status_code in RETRY_STATUSES:
-        return retry.delay(attempt, retry_after(response.headers))
+    told = retry_after(response.headers)
+    if response.status_code in RETRY_STATUSES and not _permanent(response):
+        return retry.delay(attempt, told)
+    if response.status_code in RETRY_WHEN_TOLD and told is not None:
+        return retry.delay(attempt, told)
     return None
+
+
+def _permanent(response: httpx.Response) -> bool:
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(body, dict) and body.get("type") in PERMANENT
 
 
 def read(op: Operation[T], response: httpx.Response) -> T:
