@@ -30,3 +30,12 @@ def test_the_distribution_depends_on_httpx_only() -> None:
     assert [d.split(">")[0] for d in meta["dependencies"]] == ["httpx"]
     assert [d.split(">")[0] for d in meta["optional-dependencies"]["gym"]] == ["gymnasium"]
     assert Path(ROOT / "clients" / "python" / "src" / "envfoundry_client" / "py.typed").is_file()
+
+
+def test_the_commands_run_from_the_client_package_alone(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}], "reward": 1.0}\n')
+    out = subprocess.run([sys.executable, "-m", "envfoundry_client", "export", "sft", "in.jsonl", "--out", "o.jsonl"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:2] == ["kept 0, dropped 1", "  dropped 1: not_ended_by_assistant"]
+    assert (tmp_path / "o.jsonl").read_text() == ""

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from envfoundry_client import Client, QuotaExceeded, Retry, TransportError, Unavailable
+from envfoundry_client import AsyncClient, Client, QuotaExceeded, Retry, TransportError, Unavailable
 from envfoundry_client.endpoints import call, create_environment, get_scenario, score
 from envfoundry_client.exchange import should_retry
 
@@ -92,3 +92,15 @@ def test_retry_policy_honours_retry_after_and_knows_what_is_safe() -> None:
     assert should_retry(call("s", "t", {}), unconfigured, 0, policy) is None  # no wait mends a missing user LLM
     assert should_retry(get_scenario("x"), httpx.Response(404), 0, policy) is None
     assert 0.5 <= (should_retry(get_scenario("x"), None, 1, policy) or 0) <= 2.0  # backoff with jitter
+
+
+@pytest.mark.anyio
+async def test_the_async_client_retries_the_same_way(proxy: FlakyProxy) -> None:
+    async with AsyncClient(proxy.url, retry=FAST) as ef:
+        sid = (await ef.create_session("lib-001")).session_id
+        proxy.faults[("POST", "/calls")] = [503]
+        proxy.faults[("DELETE", sid)] = [503]
+        assert (await ef.call(sid, "return_book", {"loan_id": "L0003"})).ok
+        with pytest.raises(Unavailable):
+            await ef.delete_session(sid)  # no idempotency key: not repeated
+    assert proxy.count("POST", "/calls") == 2 and proxy.count("DELETE", sid) == 1

@@ -154,3 +154,19 @@ def test_an_unknown_scenario_fails_before_any_episode(ef_server: Server, scripte
     done = rollout(ef_server, scripted, out, "--scenario", "no-such-scenario")
     assert done.returncode == 1 and "error: 404 urn:envfoundry:problem:not-found" in done.stderr
     assert not out.exists() and not scripted.script.agent_requests()
+
+
+def test_concurrent_groups_give_the_same_episodes(ef_server: Server, scripted: Running, tmp_path: Path) -> None:
+    out = tmp_path / "concurrent.jsonl"
+    done = rollout(ef_server, scripted, out, "--scenario", "lib-001", "--scenario", "store-001", "--samples", "2",
+                   "--concurrency", "4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(TABLE)  # which sample drew which script may differ; the totals may not
+
+    def outcome(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["scenario_id"], r["reward"], r["steps"], r["turns"], r["usage"]["total_tokens"]
+
+    expected = [json.loads(line) for line in (EXPECTED / "rollout-task-native.jsonl").read_text().splitlines()]
+    got = records(out)
+    assert sorted(map(outcome, got)) == sorted(map(outcome, expected))
+    assert sorted(r["sample"] for r in got) == [0, 0, 1, 1]
