@@ -75,8 +75,8 @@ class Sessions:
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
         """Create ``n`` sessions sharing one initial state (all or none)."""
-        scenario = await self.registry.scenario(scenario_id) if scenario_id else None
-        env = await self.registry.environment(scenario.env_id if scenario else str(env_id))
+        scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
+        env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
@@ -125,7 +125,20 @@ class Sessions:
         return snap
 
     async def environment_of(self, snap: Snapshot) -> Environment:
-        return await self.registry.environment(snap.meta.env_id)
+        try:
+            return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the environment '{snap.meta.env_id}' of session '{snap.meta.session_id}' was deleted; "
+                           "the session cannot go on") from None
+
+    async def scenario_of(self, snap: Snapshot) -> Scenario | None:
+        if snap.meta.scenario_id is None:
+            return None
+        try:
+            return await self.registry.scenario(snap.meta.scenario_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the scenario '{snap.meta.scenario_id}' of session '{snap.meta.session_id}' was "
+                           "deleted") from None
 
     async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, *,
                    key: str | None = None, tenant: str = "") -> Applied:
@@ -169,7 +182,8 @@ class Sessions:
                     return replay
                 if snap.meta.done:
                     raise ConversationEnded("the simulated user has ended this conversation; score the session")
-                scenario = await self.registry.scenario(str(snap.meta.scenario_id))
+                scenario = await self.scenario_of(snap)
+                assert scenario is not None  # conversation sessions are made from scenarios only
                 exchanges = [Exchange(r["content"], r["reply"]) for r in map(json.loads, snap.trajectory)
                              if r.get("kind") == "message"]
                 try:
@@ -261,7 +275,7 @@ class Sessions:
     async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
         snap = await self.snapshot(session_id, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
+        scenario = await self.scenario_of(snap)
         checklist = scenario.checklist if scenario else []
         try:
             results = await self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist])
@@ -276,7 +290,7 @@ class Sessions:
         """``n`` independent copies of the session at its current step (all or none)."""
         snap = await self.snapshot(session_id, trajectory=True, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
+        scenario = await self.scenario_of(snap)
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
