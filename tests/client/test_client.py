@@ -119,6 +119,14 @@ def test_adds_environments_and_scenarios(ef: Client) -> None:
     session = ef.create_session(env_id="client-counter", init_config={"count": 5})
     assert session.scenario_id is None and session.task is None
     assert ef.call(session.session_id, "bump", {"by": 2}).result == {"success": True, "data": 7}
+    ef.delete_scenario("client-counter-001")
+    with pytest.raises(NotFound):
+        ef.get_scenario("client-counter-001")
+    ef.delete_environment("client-counter")
+    with pytest.raises(NotFound):
+        ef.get_environment("client-counter")
+    with pytest.raises(NotFound):
+        ef.delete_environment("client-counter")
 
 
 @pytest.mark.anyio
