@@ -32,7 +32,7 @@ def conversing(ef_server: Server, chat: Running) -> Running:
     return chat
 
 
-def test_the_client_talks_with_the_simulated_user(ef: Client, conversing: Running) -> None:
+def test_the_client_talks_with_the_simulated_user(ef: Client, ef_server: Server, conversing: Running) -> None:
     group = ef.create_session("lib-001", mode="conversation", n=2)
     assert (group.mode, group.task, group.user_message) == ("conversation", None, LIB_001_OPENING)
     assert group.prompt == LIB_001_OPENING and len(group.session_ids) == 2
@@ -51,7 +51,7 @@ def test_the_client_talks_with_the_simulated_user(ef: Client, conversing: Runnin
     with pytest.raises(NotConversation):
         ef.send_message(ef.create_session("lib-001").session_id, "Hello?")
     goal = conversing.script.user_requests()[0]
-    assert task(Server(ef.config.base_url, None, Path()), "lib-001") in goal.messages[0]["content"]  # type: ignore[arg-type]
+    assert task(ef_server, "lib-001") in goal.messages[0]["content"]  # the task is the user's hidden goal
     assert goal.authorization == "Bearer user-llm-key"
 
 

@@ -21,7 +21,7 @@ def record(messages: list[dict[str, Any]], reward: float | None = 1.0, finish: s
             "finish_reason": finish}
 
 
-GOOD = [
+GOOD: list[dict[str, Any]] = [
     {"role": "system", "content": "You run a desk."},
     {"role": "user", "content": "Do it."},
     {"role": "assistant", "content": None, "tool_calls": [tc("c1", "lookup", '{"id": "A"}')]},
