@@ -17,13 +17,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from envfoundry_client.actions import Action, openai_tool_call, parse_action, parse_text, tool_response, tools_prompt
 from envfoundry_client.chat import ChatLLM, LLMError
 from envfoundry_client.client import AsyncClient
 from envfoundry_client.errors import EnvfoundryError
-from envfoundry_client.models import JSON, Mode, Session
+from envfoundry_client.models import JSON, Mode, Score, Session
 
 ToolFormat = Literal["native", "prompt"]
 
@@ -166,7 +166,7 @@ async def _turns(ef: AsyncClient, llm: ChatLLM, ep: Episode) -> None:
         return
 
 
-def _score_json(score: Any) -> JSON:
+def _score_json(score: Score) -> JSON:
     return {"reward": score.reward, "passed": score.passed, "total": score.total,
             "checks": [{"item": c.item, "passed": c.passed, "error": c.error} for c in score.checks]}
 
