@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
 from service import problems
-from service.api import router
 from service.analysis import Analysis
+from service.api import router
 from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit

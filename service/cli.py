@@ -27,7 +27,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app, load_catalog
-
     from service.auth import KeyFileError, KeyRing
 
     settings = _settings(args)

@@ -18,14 +18,14 @@ from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
-from service.offload import Offload, ViewError
 from service.catalog import Environment, Scenario
+from service.offload import Offload, ViewError
 from service.problems import (
     Conflict,
     ConversationEnded,
-    LimitExceeded,
     InvalidEnvironment,
     InvalidRequest,
+    LimitExceeded,
     NotConversation,
     NotFound,
     QuotaExceeded,
