@@ -48,6 +48,11 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[3])
 return -1
 """
 
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 PUT_RECORD = """
 local existing = redis.call('HGET', KEYS[1], ARGV[1])
 if existing then return existing end
@@ -55,6 +60,10 @@ if tonumber(ARGV[3]) >= 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) t
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return false
 """
+
+
+# How long a lock outlives a holder that stopped renewing it.
+HEARTBEAT = 10.0
 
 
 def _translated(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -81,6 +90,7 @@ class RedisStore:
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
         self._admit = self.client.register_script(ADMIT)
+        self._renew = self.client.register_script(RENEW)
 
     @property
     def _ttl_ms(self) -> int:
@@ -211,25 +221,38 @@ class RedisStore:
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
+        """The lock is held for a short lease that the holder renews while it works, so a holder that
+        dies (kill -9) blocks the session for at most ``HEARTBEAT`` seconds, not the longest request."""
         key = self.keys.session(session_id).lock
         token = secrets.token_hex(16)
+        held = min(lease, HEARTBEAT)
         deadline = time.monotonic() + wait
         delay = 0.002
         try:
-            while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
+            while not await self.client.set(key, token, nx=True, px=int(held * 1000)):
                 if time.monotonic() >= deadline:
                     raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.05)
         except RedisError as exc:
             raise StoreError(f"redis: {exc}") from exc
+        renewer = asyncio.get_running_loop().create_task(self._keep(key, token, held))
         try:
             yield
         finally:
+            renewer.cancel()
             try:
                 await self._release(keys=[key], args=[token])
             except RedisError:
                 pass  # the lease expires by itself
+
+    async def _keep(self, key: str, token: str, held: float) -> None:
+        while True:
+            await asyncio.sleep(held / 3)
+            try:
+                await self._renew(keys=[key], args=[token, int(held * 1000)])
+            except RedisError:
+                pass  # Redis is away: the commit's compare-and-set still keeps steps exact
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None) -> str | None:
