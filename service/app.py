@@ -120,5 +120,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                                          "it has been logged", request.url.path)
 
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
     return app

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
     max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
                                 "hold the event loop for long).")
+    max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
+                                 "(counted before parsing).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(

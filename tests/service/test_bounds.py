@@ -19,10 +19,20 @@ BIG_LITERAL = "class Picky:\n    def __init__(self):\n        self.picked = []\n
     '        """Pick values."""\n        self.picked = values\n        return {"success": True}\n'
 
 
-def test_a_million_argument_values_are_refused_by_name(client: httpx.Client) -> None:
+def test_a_million_argument_values_are_refused_before_parsing(client: httpx.Client) -> None:
     sid = new_session(client, scenario_id="store-001")
     before = state(client, sid)
-    items = [1] * 10**6
+    response = client.post(f"/v1/sessions/{sid}/calls", json={"name": "place_order", "arguments": {
+        "customer_id": "C001", "items": [1] * 10**6}})
+    body = problem(response, 413, "payload-too-large")
+    assert body["limit"] == "max_body_values" and body["value"] == 200_000
+    assert state(client, sid) == before
+
+
+def test_argument_values_past_the_bound_are_refused_by_name(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="store-001")
+    before = state(client, sid)
+    items = [1] * 50_000
     response = client.post(f"/v1/sessions/{sid}/calls", json={"name": "place_order",
                                                                "arguments": {"customer_id": "C001", "items": items}})
     body = problem(response, 422, "limit-exceeded")
@@ -67,8 +77,15 @@ def test_a_tool_typed_with_a_huge_literal_answers_calls_normally(client: httpx.C
     assert state(client, sid)["state"]["picked"] == [7] * 100
 
 
-def test_a_scenario_with_two_million_checks_gets_a_small_422(client: httpx.Client) -> None:
+def test_a_scenario_with_two_million_checks_is_refused_before_parsing(client: httpx.Client) -> None:
     payload = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 2_000_000})
+    response = client.post("/v1/scenarios", content=payload, headers={"content-type": "application/json"})
+    assert problem(response, 413, "payload-too-large")["limit"] == "max_body_values"
+    assert len(response.content) < 2000
+
+
+def test_a_checklist_over_its_bound_gets_a_small_422(client: httpx.Client) -> None:
+    payload = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 150_000})
     response = client.post("/v1/scenarios", content=payload, headers={"content-type": "application/json"})
     body = problem(response, 422, "invalid-request")
     assert len(response.content) < 20_000
