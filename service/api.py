@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncio
-
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from service import idempotency, schemas
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service import idempotency, schemas
 from service.auth import KeyRing, Principal
-from service.observability import Metrics
-from service.problems import Unavailable
-from service.store import StoreError
 from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
-from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest
+from service.observability import Metrics
+from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
 from service.registry import Registry
 from service.sessions import Applied, Created, Sessions
+from service.store import StoreError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}, "description": text}
