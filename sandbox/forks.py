@@ -48,7 +48,7 @@ class WorkerLimits:
     processes: int = 0
     output_bytes: int = 1 << 20
     dedicated_uid: bool = False  # no process outside this worker shares its uid
-    filtered: bool = False  # the zygote holds the seccomp filter: hosts and calls add their signal filter
+    filtered: bool = False  # the zygote holds the seccomp filter: hosts and validations add the signal one
 
 
 class Failure(Exception):
@@ -169,7 +169,9 @@ def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]
                 request = protocol.read_frame(source)
             except protocol.ProtocolError:
                 os._exit(0)
-        _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits)
+        # the host's signal filter holds here already: none to add on the call's clock
+        _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits,
+               restrict_signals=False)
     os.close(request_read)
     os.close(answer_write)
     return Spare(pid, request_write, answer_read)
@@ -278,15 +280,16 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits) -> None:
+def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits,
+           restrict_signals: bool = True) -> None:
     close_inherited(keep=(write_fd,))
     output = CappedOutput(limits.output_bytes)
     printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
     try:
         os.setpgid(0, 0)
         _detach_standard_streams()
-        if limits.filtered:
-            seccomp.signal_only(os.getpid())
+        if limits.filtered and restrict_signals:
+            seccomp.own_group_signals_only()
         _set_call_limits(timeout, limits)
         sys.stdout = sys.stderr = output
         try:

@@ -328,15 +328,19 @@ def _state_problem(text: str, limit: int) -> str | None:
     """Why an encoded state from a sandbox process must not be stored, or None.
 
     It must be what the codec writes and the service can read back: within the size limit,
-    JSON, an object, nested within bounds, with a JSON view (as ``GET .../state`` will build).
+    a JSON object, with a JSON view (as ``GET .../state`` will build it).
     """
     size = len(text.encode())
     if size > limit:
         return f"a state of {size} bytes, over the {limit} byte limit"
-    state = protocol.decode_bounded(text)
-    if not isinstance(state, dict):
-        return "a state that is not a JSON object nested within bounds"
     try:
+        state = json.loads(text)
+    except (ValueError, RecursionError):
+        return "a state that is not JSON"
+    if not isinstance(state, dict):
+        return "a state that is not a JSON object"
+    try:
+        # The view recurses as deep as the state nests: too deep for it here is too deep later.
         codec.view_encoded(state)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
         return "a state the codec cannot read"

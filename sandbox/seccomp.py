@@ -8,10 +8,11 @@ filter can ever be removed):
   something for a later call (shared mappings, System V and POSIX IPC, memfd, keyrings), reach
   past its limits or its namespaces (io_uring, bpf, perf, userfaultfd, ptrace, the mount family,
   new namespaces), or open a socket to another process; and it refuses every ABI but x86_64's.
-- ``signal_only(pid)`` is installed by each host and each call process for itself: signals may
-  go to that pid or to the caller's own process group, nothing else. A call inherits its host's
-  filter too, so it can signal only its own process group (``os.kill(0, sig)``), and no
-  machinery (worker, zygote, hosts, other calls) at all.
+- ``own_group_signals_only()`` is installed by each environment host and each validation (the
+  zygote itself must still end hosts): signals may go to the caller's own process group
+  (``os.kill(0, sig)``) and nowhere else, not even by the caller's own pid. Every host and every
+  call holds a process group of its own, so no machinery (worker, zygote, hosts, other calls)
+  can be signalled. Calls inherit it from their host: one filter per host, none per call.
 
 Refused calls fail with EPERM (clone3 with ENOSYS, so the C library falls back to clone, whose
 flags a filter can read). Standard library only: this module runs inside the sandbox.
@@ -132,24 +133,19 @@ def confine_program() -> bytes:
     return program.assemble()
 
 
-def signal_program(pid: int) -> bytes:
-    """Signals only to ``pid`` (its threads included) or to the caller's own process group (0)."""
+def signal_program() -> bytes:
+    """Signals only to the caller's own process group (``kill(0, sig)``); none by pid or thread."""
     program = _Program()
     program.load(ARCH_OFFSET)
     program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
     program.load(NR_OFFSET)
-    for number in (KILL, TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO):
-        program.jump(JEQ_K, number, "target")
-    program.ret(RET_ALLOW)
-    program.label("target")
+    for number in (TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO):
+        program.jump(JEQ_K, number, "deny")
+    program.jump(JEQ_K, KILL, 0, "allow")
     # pid_t is 32 bits: the kernel reads only the low word of the first argument.
     program.load(_arg_low(0))
-    program.jump(JEQ_K, pid, "allow")
-    program.jump(JEQ_K, 0, "group")
-    program.ret(RET_ERRNO | errno.EPERM)
-    program.label("group")  # 0 is the caller's group for kill, but no thread for the others
-    program.load(NR_OFFSET)
-    program.jump(JEQ_K, KILL, "allow")
+    program.jump(JEQ_K, 0, "allow")
+    program.label("deny")
     program.ret(RET_ERRNO | errno.EPERM)
     program.label("allow")
     program.ret(RET_ALLOW)
@@ -182,5 +178,5 @@ def confine() -> None:
     _install(confine_program())
 
 
-def signal_only(pid: int) -> None:
-    _install(signal_program(pid))
+def own_group_signals_only() -> None:
+    _install(signal_program())

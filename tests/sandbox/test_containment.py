@@ -259,8 +259,8 @@ async def test_a_check_cannot_stop_the_machinery(pool_factory: Any) -> None:
 
 
 @pytest.mark.parametrize(("target", "signame"), [("all", "SIGSTOP"), ("init", "SIGINT"), ("init", "SIGKILL"),
-                                                 ("host", "SIGKILL")])
-async def test_a_call_can_signal_nothing_but_itself(pool_factory: Any, target: str, signame: str) -> None:
+                                                 ("host", "SIGKILL"), ("self", "SIGKILL")])
+async def test_a_call_can_signal_only_its_own_process_group(pool_factory: Any, target: str, signame: str) -> None:
     async with pool_factory(size=1) as pool:
         state = await pool.init_state(ATTACK_A, {})
         out = await pool.call(ATTACK_A, state, "signal", {"target": target, "signame": signame})
@@ -280,7 +280,7 @@ async def test_module_code_cannot_signal_the_machinery(pool_factory: Any) -> Non
         assert pool.replaced == 0
 
 
-async def test_a_call_that_signals_itself_is_reported_as_a_crash(pool_factory: Any) -> None:
+async def test_a_call_that_signals_its_own_group_is_reported_as_a_crash(pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         out = await pool.call(ATTACK_A, await pool.init_state(ATTACK_A, {}), "die_of_unnamed_signal", {})
         assert not out.ok and out.error["type"] == "tool_exception" and "signal 40" in out.error["message"]

@@ -7,6 +7,7 @@ import os
 import secrets
 from typing import Any
 
+import anyio
 import pytest
 
 from sandbox.errors import RequestFailed
@@ -118,8 +119,6 @@ async def test_a_killed_worker_is_replaced(pool_factory: Any) -> None:
 
 
 async def test_other_calls_proceed_while_one_hangs(pool_factory: Any) -> None:
-    import anyio
-
     async with pool_factory(size=2, call_timeout=2.0) as pool:
         state = await _state(pool)
         results: dict[str, Any] = {}
@@ -438,6 +437,14 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _worker_pid(worker: Any) -> int:
     channel = worker.channel
     if hasattr(channel, "container"):
@@ -543,6 +550,8 @@ async def test_a_killed_zygote_gets_its_worker_replaced(pool_factory: Any) -> No
         worker = await pool._idle.get()
         zygote = min(_children(_worker_pid(worker)))  # forked before anything else
         os.kill(zygote, 9)
+        while _is_running(zygote):  # dead before the next request, which must notice it
+            await anyio.sleep(0.01)
         pool._idle.put_nowait(worker)
         for _ in range(3):  # at most a call or two meet the broken worker before it is replaced
             if (await pool.call(PROBE, state, "increment", {})).ok:
