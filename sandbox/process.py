@@ -2,7 +2,8 @@
 
 When the service runs as root, each worker gets a uid of its own (see
 ``UidAllocator``), which also makes the kernel's per-uid process limit a
-per-worker one.
+per-worker one, and a memory cgroup of its own named after that uid (see
+``memcg``), which counts the memory address-space limits do not.
 """
 
 from __future__ import annotations

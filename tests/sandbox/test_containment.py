@@ -138,6 +138,14 @@ class Attack:
         return {"io_uring_setup": syscall(425, 8, params), "unshare_user": syscall(272, 0x10000000),
                 "unshare_net": syscall(272, 0x40000000), "clone_user": syscall(56, 0x10000000 | 17, 0, 0, 0, 0)}
 
+    def i386_getpid(self) -> int:
+        page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=7)
+        page.write(b"\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3")  # mov eax, 20 (getpid); int 0x80; ret
+        return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+
+    def x32_getpid(self) -> list:
+        return syscall(0x40000000 | 39)
+
     def forge(self, kind: str) -> None:
         empty = {"added": [], "removed": [], "changed": []}
         if kind == "unhealthy":
@@ -337,6 +345,16 @@ async def test_io_uring_and_new_namespaces_are_refused(pool_factory: Any) -> Non
         assert out.ok
         assert {name: result[1] for name, result in out.result.items()} == {
             "io_uring_setup": EPERM, "unshare_user": EPERM, "unshare_net": EPERM, "clone_user": EPERM}
+
+
+async def test_system_calls_of_other_abis_are_refused(pool_factory: Any) -> None:
+    """The filter reads x86_64 system call numbers; an i386 (int 0x80) or x32 call would be read
+    with the wrong table, so the first ends the process and the second fails."""
+    async with pool_factory(size=1) as pool:
+        state = await pool.init_state(ATTACK_A, {})
+        i386 = await pool.call(ATTACK_A, state, "i386_getpid", {})
+        assert not i386.ok and "SIGSYS" in i386.error["message"], i386.error
+        assert _errno(await pool.call(ATTACK_A, state, "x32_getpid", {})) == EPERM
 
 
 async def test_the_filter_is_reported(pool_factory: Any) -> None:
