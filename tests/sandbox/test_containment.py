@@ -252,6 +252,56 @@ async def test_each_worker_has_a_memory_limit_of_its_own(pool_factory: Any) -> N
                 assert os.path.basename(worker.channel.cgroup) in groups.read()
 
 
+WATCHER = '''
+import os
+import threading
+import time
+
+SEEN = []
+
+
+def watch():
+    while True:
+        try:
+            for name in os.listdir("/tmp"):
+                if name not in SEEN:
+                    SEEN.append(name)
+        except OSError:
+            pass
+        time.sleep(0.005)
+
+
+threading.Thread(target=watch, daemon=True).start()
+
+
+class Watcher:
+    def __init__(self):
+        self.n = 0
+
+    def write_and_wait(self, name: str) -> str:
+        with open(f"/tmp/{name}", "w") as handle:
+            handle.write("x")
+        time.sleep(0.3)
+        return name
+
+    def seen(self) -> list:
+        return list(SEEN)  # what the module's thread had gathered when this call was forked
+'''
+
+
+async def test_a_thread_of_module_code_never_sees_what_a_call_wrote(pool_factory: Any) -> None:
+    """Module code may leave a thread running in the environment's host, which every call is
+    forked from: it must not see one session's files to hand them to the next session's calls."""
+    watcher = EnvCode("watcher", "watcher", "Watcher", WATCHER)
+    async with pool_factory(size=1) as pool:
+        session_a = await pool.init_state(watcher, {})
+        session_b = await pool.init_state(watcher, {})
+        assert (await pool.call(watcher, session_a, "write_and_wait", {"name": "secret-of-a"})).ok
+        for _ in range(2):  # the second of these is forked after session A's call
+            seen = await pool.call(watcher, session_b, "seen", {})
+            assert seen.ok and "secret-of-a" not in seen.result, seen.result
+
+
 CHECK_STOPS_EVERYTHING = "import os, signal\ndef check_func(final_state):\n    os.kill(-1, signal.SIGSTOP)\n    return True"
 
 
