@@ -2,12 +2,16 @@
 
 Linux primitives, applied in order, each reported as applied or missing:
 
+- memory: joining the memory cgroup the service made for this worker (see ``memcg``);
 - network: a fresh network namespace (only a downed loopback inside);
 - filesystem: a private mount namespace with a private tmpfs on /tmp, read-only
   empty tmpfs over the other world-writable folders, and home folders that are
   closed to other users (e.g. /root) hidden except for the Python installation;
 - user: a dedicated unprivileged uid/gid, no supplementary groups, no new privileges;
 - environment: the service starts workers with an empty environment (checked here).
+
+The seccomp filter on environment code (``seccomp``) is installed later, by the zygote, and
+reported as ``syscalls``.
 
 Standard library only (ctypes for the system calls Python 3.11 lacks).
 """
@@ -335,6 +339,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
             missing["network"] = f"not root and user namespaces are unavailable ({exc})"
             missing["filesystem"] = "not root: the worker writes wherever the service user can"
         missing["user"] = f"not root: the worker runs as the service's own uid {os.getuid()}"
+        missing["processes"] = "not root: no PID namespace of its own; host processes stay visible"
     try:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:

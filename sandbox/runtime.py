@@ -12,8 +12,12 @@ Processes: the worker forks one clean *zygote* before it reads any request; the 
 *host* per environment, which runs the module code once and keeps a ready fork of itself. For
 each init, call and check the worker takes that fork, writes the request straight into it and
 reads the answer from it, so session data never passes through a process that other sessions'
-forks are copied from. A fork that fails to answer is ended by its host, which reports how.
-After every request the worker empties its private /tmp and System V IPC objects.
+forks are copied from. The worker ends every fork itself (hosts and calls may signal only their
+own process group) and its host reaps it and reports how it ended. A host is stopped while its
+fork runs, and /tmp is emptied before the fork starts and again before the host resumes, so a
+thread left by module code never sees what a call wrote. After every request the worker also
+empties System V IPC objects (which the seccomp filter keeps environment code from making).
+Everything a fork answers is checked and only the fields of the request's kind pass on.
 
 Standard library only.
 """
