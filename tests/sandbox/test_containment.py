@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, EnvCode
-from tests.sandbox.test_contract import PROBE, _children, _state, _worker_pid
+from tests.sandbox.test_contract import PROBE, _descendants, _state, _worker_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -353,16 +353,13 @@ async def test_a_forged_unhealthy_flag_replaces_no_worker(pool_factory: Any) -> 
 
 
 def _zombies_under(root: int) -> int:
-    count, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        for child in _children(pid):
-            try:
-                with open(f"/proc/{child}/stat") as stat:
-                    count += stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-            except OSError:
-                continue
-            todo.append(child)
+    count = 0
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                count += stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
     return count
 
 
