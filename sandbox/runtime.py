@@ -214,6 +214,27 @@ class Runtime:
                 _signal(pid, signal.SIGCONT if owner == key else signal.SIGSTOP)
         self.running = key
 
+    def _freeze(self, host: Host, fork: int) -> list[int]:
+        """Stop ``host`` and its descendants except ``fork`` (and its own); kill orphans. Returns
+        the stopped pids. A process is stopped before its children are listed, so it cannot
+        start one unseen; a second pass catches a child whose fork was under way."""
+        if self.own_processes:
+            for orphan in _children_of(os.getpid()):  # they belong to no environment
+                if orphan != self.zygote_pid:
+                    _signal(orphan, signal.SIGKILL)
+        stopped: list[int] = []
+        for _ in range(2):
+            todo = [host.pid]
+            while todo:
+                pid = todo.pop()
+                if pid == fork:
+                    continue
+                if pid not in stopped:
+                    _signal(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                todo.extend(_children_of(pid))
+        return stopped
+
     def _start_host(self, key: str) -> Host:
         while len(self.hosts) >= MAX_HOSTS:
             self._stop_host(min(self.hosts, key=lambda k: self.hosts[k].used))
@@ -281,9 +302,10 @@ class Runtime:
     def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
         """Run one request in a ready fork of ``host``: write it in, read the answer out.
 
-        The host is stopped while its fork runs, and /tmp is emptied before the fork starts and
-        before the host runs again, so nothing the module code left running (a thread, a hook)
-        can pass what one call wrote in /tmp on to a later fork.
+        The host and everything it started but this fork are stopped while the fork runs, and
+        /tmp is emptied before the fork starts and before they run again, so nothing the module
+        code left running (a thread, a hook, a process) can pass what one call wrote in /tmp on
+        to a later fork.
         """
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         taken = self._take_fork(host)
@@ -293,7 +315,7 @@ class Runtime:
         if taken is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
         pid, pidfd, request_fd, answer_fd = taken
-        _signal(host.pid, signal.SIGSTOP)
+        frozen = self._freeze(host, pid)
         try:
             self._empty_tmp()
             deadline = time.monotonic() + timeout
@@ -312,7 +334,8 @@ class Runtime:
         finally:
             os.close(pidfd)
             self._empty_tmp()
-            _signal(host.pid, signal.SIGCONT)
+            for stopped in reversed(frozen):
+                _signal(stopped, signal.SIGCONT)
         try:
             channel.send(host.sock, {"op": "finish", "pid": pid, "reply": not done})
             report = None if done else channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
@@ -424,6 +447,22 @@ def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]
         return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
                                               f"{max_result} byte limit")}
     return {"ok": True, "result": result, "error": None, "state": state, "diff": diff}
+
+
+def _children_of(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (one read per thread, no scan of /proc)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as listing:
+                found.extend(int(child) for child in listing.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _parent_of(pid: int) -> int:

@@ -252,7 +252,7 @@ async def test_each_worker_has_a_memory_limit_of_its_own(pool_factory: Any) -> N
                 assert os.path.basename(worker.channel.cgroup) in groups.read()
 
 
-WATCHER = '''
+WATCHING_THREAD = '''
 import os
 import threading
 import time
@@ -272,7 +272,40 @@ def watch():
 
 
 threading.Thread(target=watch, daemon=True).start()
+'''
 
+# The watcher is a process of its own, which reports to a thread of the host through a pipe.
+WATCHING_PROCESS = '''
+import os
+import threading
+import time
+
+SEEN = []
+reader, writer = os.pipe()
+if os.fork() == 0:
+    os.close(reader)
+    known = set()
+    while True:
+        for name in os.listdir("/tmp"):
+            if name not in known:
+                known.add(name)
+                os.write(writer, name.encode() + b"\\n")
+        time.sleep(0.005)
+os.close(writer)
+
+
+def pump():
+    while True:
+        chunk = os.read(reader, 4096)
+        if not chunk:
+            return
+        SEEN.extend(name.decode() for name in chunk.split(b"\\n") if name)
+
+
+threading.Thread(target=pump, daemon=True).start()
+'''
+
+WATCHER_CLASS = '''
 
 class Watcher:
     def __init__(self):
@@ -285,14 +318,16 @@ class Watcher:
         return name
 
     def seen(self) -> list:
-        return list(SEEN)  # what the module's thread had gathered when this call was forked
+        return list(SEEN)  # what the module's watcher had gathered when this call was forked
 '''
 
 
-async def test_a_thread_of_module_code_never_sees_what_a_call_wrote(pool_factory: Any) -> None:
-    """Module code may leave a thread running in the environment's host, which every call is
-    forked from: it must not see one session's files to hand them to the next session's calls."""
-    watcher = EnvCode("watcher", "watcher", "Watcher", WATCHER)
+@pytest.mark.parametrize("watching", [WATCHING_THREAD, WATCHING_PROCESS], ids=["thread", "process"])
+async def test_what_module_code_leaves_running_never_sees_what_a_call_wrote(pool_factory: Any, watching: str) -> None:
+    """Module code may leave a thread or a process running beside the environment's host, which
+    every call is forked from: it must not see one session's files to hand them to the next
+    session's calls."""
+    watcher = EnvCode(f"watcher-{len(watching)}", "watcher", "Watcher", watching + WATCHER_CLASS)
     async with pool_factory(size=1) as pool:
         session_a = await pool.init_state(watcher, {})
         session_b = await pool.init_state(watcher, {})
