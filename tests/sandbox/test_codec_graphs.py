@@ -8,7 +8,7 @@ import json
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -128,6 +128,7 @@ def test_mutation_through_one_alias_is_seen_through_the_other_after_a_round_trip
 @pytest.mark.parametrize("kind", ["list", "dict", "tuple-list", "env-object", "set-of-boxes"])
 def test_reference_cycle_round_trips(env: types.ModuleType, kind: str) -> None:
     value: Any
+    check: Callable[[Any], bool]
     if kind == "list":
         value = []
         value.append(value)
