@@ -16,34 +16,16 @@ GRAPHS = Path(__file__).resolve().parents[1] / "fixtures" / "graphs"
 
 
 @pytest.fixture(scope="module")
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    import secrets
-
-    import redis
-
-    prefix = f"eftest-{secrets.token_hex(4)}"
-    yield prefix
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory, redis_url: str, redis_prefix: str) -> Iterator[list[Server]]:
-    """Two API processes (process sandbox) on one Redis."""
-    tmp = tmp_path_factory.mktemp("graphs")
-    env = {"ENVFOUNDRY_KEY_PREFIX": redis_prefix}
-    started = [start_server(tmp, redis_url=redis_url, extra_env=env, catalogs=(GRAPHS,), workers=1)
-               for _ in range(2)]
-    yield started
-    for server in started:
-        server.stop()
+def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """An API process (process sandbox, memory store) serving the file-system fixture catalog."""
+    server = start_server(tmp_path_factory.mktemp("graphs"), catalogs=(GRAPHS,), workers=1)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
-def api(servers: list[Server]) -> Iterator[httpx.Client]:
-    with servers[0].client() as http:
+def api(graph_server: Server) -> Iterator[httpx.Client]:
+    with graph_server.client() as http:
         yield http
 
 
@@ -96,22 +78,38 @@ def test_checks_walk_parent_pointers_of_final_and_initial_state(api: httpx.Clien
     assert scored["reward"] == 1.0, scored
 
 
-def test_alias_stays_shared_in_a_fork_and_on_another_replica(api: httpx.Client, servers: list[Server]) -> None:
-    sid = api.post("/v1/sessions", json={"scenario_id": "fs-001"}).json()["session_id"]
-    call(api, sid, "change_dir", name="docs")
-    fork = api.post(f"/v1/sessions/{sid}/fork").json()["session_id"]
-    call(api, fork, "write_file", name="fork.txt", content="f")
-    assert state(api, fork)["root"]["children"]["docs"]["files"] == {"fork.txt": "f"}
-    assert state(api, sid)["root"]["children"]["docs"]["files"] == {}
-    with servers[1].client() as other:
-        call(other, sid, "make_dir", name="sub")
-        call(other, sid, "change_dir", name="sub")
-        call(other, sid, "write_file", name="deep.txt", content="d")
-    shown = state(api, sid)
-    assert shown["root"]["children"]["docs"]["children"]["sub"]["files"] == {"deep.txt": "d"}
-    assert shown["current_dir"] == {"$ref": "/root/children/docs/children/sub"}
-    assert call(api, sid, "pwd")["result"] == "/docs/sub"
-    assert call(api, sid, "change_dir", name="..")["result"]["data"] == "/docs"
+def test_alias_stays_shared_in_a_fork_on_another_replica_and_after_a_restart(tmp_path: Path, redis_url: str,
+                                                                             key_prefix: str) -> None:
+    env = {"ENVFOUNDRY_KEY_PREFIX": key_prefix}
+    a, b = (start_server(tmp_path, redis_url=redis_url, extra_env=env, catalogs=(GRAPHS,), workers=1)
+            for _ in range(2))
+    servers = [a, b]
+    try:
+        with a.client() as api, b.client() as other:
+            sid = api.post("/v1/sessions", json={"scenario_id": "fs-001"}).json()["session_id"]
+            call(api, sid, "change_dir", name="docs")
+            fork = api.post(f"/v1/sessions/{sid}/fork").json()["session_id"]
+            call(other, fork, "write_file", name="fork.txt", content="f")
+            assert state(api, fork)["root"]["children"]["docs"]["files"] == {"fork.txt": "f"}
+            assert state(api, sid)["root"]["children"]["docs"]["files"] == {}
+            call(other, sid, "make_dir", name="sub")
+            call(other, sid, "change_dir", name="sub")
+            call(other, sid, "write_file", name="deep.txt", content="d")
+            shown = state(api, sid)
+            assert shown["root"]["children"]["docs"]["children"]["sub"]["files"] == {"deep.txt": "d"}
+            assert shown["current_dir"] == {"$ref": "/root/children/docs/children/sub"}
+        a.stop()
+        b.stop()
+        c = start_server(tmp_path, redis_url=redis_url, extra_env=env, catalogs=(GRAPHS,), workers=1)
+        servers.append(c)
+        with c.client() as api:
+            assert call(api, sid, "pwd")["result"] == "/docs/sub"
+            assert call(api, sid, "change_dir", name="..")["result"]["data"] == "/docs"
+            call(api, sid, "write_file", name="notes.txt", content="hello")
+            assert api.post(f"/v1/sessions/{sid}/score").json()["checks"][1]["passed"] is True
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_cycle_through_a_frozenset_survives_calls(api: httpx.Client) -> None:
