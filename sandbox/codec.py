@@ -589,6 +589,8 @@ class _EncodedViewer(_Viewer):
                 raw = self.definitions.find(number)
                 if raw is _MISSING:
                     raise ValueError(number)
+            if type(raw) is dict and raw.get(TAG) in ("id", "ref"):
+                raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
             self.places[number] = where
             return self.show(raw, where, depth)
         if tag in ("dict", "tuple", "set", "frozenset", "object"):

@@ -232,6 +232,10 @@ def test_corrupt_reference_fails_decode_clearly_and_views_as_invalid() -> None:
     with pytest.raises(ValueError, match="never written"):
         decode(encoded)
     assert view_encoded(encoded) == {"a": {"$truncated": "invalid"}, "b": {"$truncated": "invalid"}}
+    chain: Any = [1]
+    for i in range(5000):
+        chain = {"$ef": "id", "id": i, "v": chain}
+    assert view_encoded({"c": chain}) == {"c": {"$truncated": "invalid"}}
 
 
 # --- the view ---------------------------------------------------------------------
