@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sandbox import codec
 from sandbox.errors import RequestFailed
 from sandbox.pool import WorkerPool
+from sandbox.view import view_encoded
 from service.catalog import Environment
 from synthesis.answers import InitState, parse_init_states
 from synthesis.consistency import problems, schema_of
@@ -20,7 +20,7 @@ from synthesis.skeleton import env_code
 
 def view(state: str) -> Any:
     """The JSON view of encoded state (never unpickles: safe outside the sandbox)."""
-    return codec.view_encoded(json.loads(state))
+    return view_encoded(json.loads(state))
 
 
 async def generate(ctx: Context, env: Environment, *, count: int, item: str, purpose: str, stage: str) -> list[InitState]:
