@@ -63,6 +63,22 @@ class Server:
     service_name: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    def wait_ready(self) -> None:
+        """Raises RuntimeError, with the end of the server's log, if it exits or is not up in time; it is
+        then stopped."""
+        try:
+            wait_ready(self.url + "/healthz", self.proc)
+        except RuntimeError as exc:
+            self.stop()
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{exc}; last lines of its log: {' | '.join(tail)}") from None
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by this server's process tree: every live process's own time plus that
+        of the children it has reaped (call forks are reaped by their hosts), so each process counts once.
+        Docker workers are children of the engine and are not included."""
+        return tree_cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -75,31 +91,24 @@ class Server:
             delete_keys(self.redis_url, self.key_prefix)
 
 
-def _start(name: str, args: list[str], env: dict[str, str], cpu: int, logs: Path, ready_path: str) -> Server:
+def _launch(name: str, args: list[str], env: dict[str, str], cpu: int, logs: Path) -> Server:
+    """Start a server without waiting for it, so several can start at once; see ``Server.wait_ready``."""
     port = free_port()
     log = logs / f"{name.replace('/', '-')}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(["taskset", "-c", str(cpu), *args, "--port", str(port)], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    server = Server(name, url, proc, log)
-    try:
-        wait_ready(url + ready_path, proc)
-    except RuntimeError as exc:
-        server.stop()
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-        raise RuntimeError(f"{exc}; last lines of its log: {' | '.join(tail)}") from None
-    return server
+    return Server(name, f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_baseline(catalog: Path, cpu: int, logs: Path) -> Server:
+def launch_baseline(catalog: Path, cpu: int, logs: Path) -> Server:
     env = {**os.environ, "BENCH_CATALOG": str(catalog)}
-    return _start("baseline", [sys.executable, "-m", "uvicorn", "bench.baseline_app:from_environment", "--factory",
+    return _launch("baseline", [sys.executable, "-m", "uvicorn", "bench.baseline_app:from_environment", "--factory",
                                "--loop", "uvloop", "--http", "httptools", "--log-level", "warning"],
-                  env, cpu, logs, "/healthz")
+                  env, cpu, logs)
 
 
-def start_service(name: str, catalog: Path, cpu: int, logs: Path, *, workers: int, redis_url: str | None,
+def launch_service(name: str, catalog: Path, cpu: int, logs: Path, *, workers: int, redis_url: str | None,
                   sandbox: str) -> Server:
     """``envfoundry serve`` as a user would run it, with a key prefix and service name of its own."""
     tag = f"efbench-{secrets.token_hex(4)}"
@@ -110,7 +119,7 @@ def start_service(name: str, catalog: Path, cpu: int, logs: Path, *, workers: in
             "--sandbox", sandbox]
     if redis_url:
         args += ["--redis", redis_url]
-    server = _start(name, args, env, cpu, logs, "/healthz")
+    server = _launch(name, args, env, cpu, logs)
     server.key_prefix, server.redis_url, server.service_name = tag, redis_url, tag
     return server
 
@@ -128,6 +137,36 @@ def pin_containers(server: Server, cpu: int) -> None:
         server.notes.append(f"could not pin worker containers: {done.stderr.strip()}")
     else:
         server.notes.append(f"{len(ids)} worker containers pinned to CPU {cpu}")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        # utime, stime, cutime, cstime
+        times[pid] = sum(int(f) for f in fields[11:15]) / tick
+    total, members, frontier = 0.0, {root}, [root]
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    while frontier:
+        pid = frontier.pop()
+        total += times.get(pid, 0.0)
+        for child in children.get(pid, []):
+            if child not in members:
+                members.add(child)
+                frontier.append(child)
+    return total
 
 
 def delete_keys(redis_url: str, prefix: str) -> int:

@@ -169,9 +169,6 @@ def docker_unavailable(image: str) -> str | None:
 
 
 def start_systems(args: argparse.Namespace, catalog: Path, logs: Path, skipped: dict[str, str]) -> list[System]:
-    systems: list[System] = []
-    base = servers.start_baseline(catalog, args.server_cpu, logs)
-    systems += [System(BASELINE, base), System(SNAPSHOT, base, "/snap")]
     wanted = [("process/redis", args.redis, "process"), ("process/memory", None, "process")]
     reason = docker_unavailable(os.environ.get("ENVFOUNDRY_SANDBOX_IMAGE", "envfoundry/sandbox:dev"))
     if args.no_docker:
@@ -180,19 +177,29 @@ def start_systems(args: argparse.Namespace, catalog: Path, logs: Path, skipped: 
         skipped["docker/redis"] = reason
     else:
         wanted.append(("docker/redis", args.redis, "docker"))
-    for name, redis_url, sandbox in wanted:
-        try:
-            server = servers.start_service(name, catalog, args.server_cpu, logs, workers=args.workers,
-                                           redis_url=redis_url, sandbox=sandbox)
-        except RuntimeError as exc:
-            if sandbox != "docker":
-                raise
-            skipped[name] = f"the service did not start with the docker backend: {exc}"
-            continue
-        if sandbox == "docker":
-            servers.pin_containers(server, args.server_cpu)
-        systems.append(System(name, server))
-    return systems
+    # All start at once (each takes seconds to start its sandbox workers) and are waited for in turn.
+    base = servers.launch_baseline(catalog, args.server_cpu, logs)
+    launched = [(base, "")] + [
+        (servers.launch_service(name, catalog, args.server_cpu, logs, workers=args.workers, redis_url=redis_url,
+                                sandbox=sandbox), sandbox) for name, redis_url, sandbox in wanted]
+    systems: list[System] = []
+    try:
+        for server, sandbox in launched:
+            try:
+                server.wait_ready()
+            except RuntimeError as exc:
+                if sandbox != "docker":
+                    raise
+                skipped[server.name] = f"the service did not start with the docker backend: {exc}"
+                continue
+            if sandbox == "docker":
+                servers.pin_containers(server, args.server_cpu)
+            systems.append(System(server.name, server))
+    except BaseException:
+        for server, _ in launched:
+            server.stop()
+        raise
+    return [systems[0], System(SNAPSHOT, base, "/snap"), *systems[1:]]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -200,6 +207,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     step_seconds = 0.2 if args.quick else 0.5
     skipped: dict[str, str] = {}
     started = time.monotonic()
+    load_before = os.getloadavg()
     states = {size: workload.make_state(target) for size, target in workload.SIZES.items()}
     cls = workload.load_class()
     with tempfile.TemporaryDirectory(prefix="efbench-") as tmp:
@@ -228,9 +236,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     for system in order:
                         if not system.applies(metric):
                             continue
+                        cpu_before = system.server.cpu_seconds()
                         sample = load.run(system.server.url, paths[system.name][metric.key], bodies(metric),
                                           metric.connections, seconds, args.load_cpu)
-                        samples[metric.key].setdefault(system.name, []).append(sample.to_json())
+                        spent = system.server.cpu_seconds() - cpu_before
+                        run = sample.to_json()
+                        run["cpu_ms_per_request"] = spent * 1000 / sample.requests if sample.requests else None
+                        samples[metric.key].setdefault(system.name, []).append(run)
                 print(f"  repeat {repeat + 1}/{repeats} done at {time.monotonic() - started:.0f} s",
                       file=sys.stderr, flush=True)
         finally:
@@ -246,13 +258,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "p99_ms": median([r["p99_ms"] for r in runs]),
                 "per_second": median([r["per_second"] for r in runs]),
                 "failed_requests": sum(r["errors"] + r["non_2xx"] for r in runs),
+                "cpu_ms_per_request": None if name.startswith("docker") else median(
+                    [r["cpu_ms_per_request"] for r in runs if r["cpu_ms_per_request"] is not None]),
                 "runs": runs,
             }
     return {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "config": {"quick": args.quick, "repeats": repeats, "seconds_per_point": seconds, "workers": args.workers,
                    "server_cpu": args.server_cpu, "load_cpu": args.load_cpu, "redis": args.redis,
-                   "state_bytes": {s: len(json.dumps(v)) for s, v in states.items()}},
+                   "state_bytes": {s: len(json.dumps(v)) for s, v in states.items()},
+                   # The machine may be shared: a load average above its CPU count means the figures are noisy.
+                   "load_average_before": load_before[0], "load_average_after": os.getloadavg()[0]},
         "systems": [s.name for s in systems],
         "notes": {s.name: s.server.notes for s in systems if s.server.notes},
         "skipped": skipped,
@@ -290,6 +306,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(name, "create 4k p50 <= 2.0 ms", create, CREATE_P50_MS, create <= CREATE_P50_MS)
         fork = get("fork_4k_c1")
         add(name, "fork p50 <= read 4k p50", fork, read, fork <= read)
+        cpu = res["read_4k_c16"][name]["cpu_ms_per_request"]
+        if cpu is not None:
+            # Independent of what else the shared CPU ran: the CPU a call costs bounds calls/s per core.
+            add(name, "read 4k CPU per call <= 1.0 ms (1000 calls/s per core)", cpu, 1000 / READ_PER_SECOND,
+                cpu <= 1000 / READ_PER_SECOND)
     if "docker/redis" in res["read_4k_c1"] and "process/redis" in res["read_4k_c1"]:
         for metric in METRICS:
             if metric.throughput:
@@ -319,7 +340,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"state sizes {report['config']['state_bytes']} bytes; {report['config']['repeats']} interleaved "
              f"repeats of {report['config']['seconds_per_point']} s, medians; servers on CPU "
              f"{report['config']['server_cpu']}, wrk on CPU {report['config']['load_cpu']}; "
-             f"{report['config']['workers']} sandbox workers",
+             f"{report['config']['workers']} sandbox workers; load average {report['config']['load_average_before']:.1f}"
+             f" before, {report['config']['load_average_after']:.1f} after, on {report['machine']['cpus']} CPUs",
              "ratios in brackets are against the baseline (calls/s: system/baseline, p50: system/baseline)", ""]
     width = 24
     lines.append(f"{'':<26}" + "".join(f"{n:>{width}}" for n in names))
@@ -327,6 +349,12 @@ def render(report: dict[str, Any]) -> str:
         row = res[metric.key]
         base = row.get(BASELINE)
         cells = [cell(metric, row.get(n), None if n == BASELINE else base) for n in names]
+        lines.append(f"{metric.label:<26}" + "".join(f"{c:>{width}}" for c in cells))
+    lines += ["", "server CPU per request, ms (whole process tree; 1000/x = requests/s one core could serve)"]
+    for metric in METRICS:
+        row = res[metric.key]
+        cells = [f"{row[n]['cpu_ms_per_request']:.2f}" if n in row and row[n]["cpu_ms_per_request"] is not None
+                 else "-" for n in names]
         lines.append(f"{metric.label:<26}" + "".join(f"{c:>{width}}" for c in cells))
     step = report["in_process_step_ms"]
     lines += ["", "original's in-process step (call + deepcopy), timed in this run: " + ", ".join(
