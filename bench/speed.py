@@ -367,7 +367,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"note {name}: {'; '.join(notes)}")
     lines += ["", "targets (issue 7)"]
     for row in report["targets"]:
-        unit = "/s" if "calls/s" in row["target"] else " ms"
+        unit = "/s" if row["target"].startswith(("read 4k c=16", "aim:")) else " ms"
         lines.append(f"  [{'met ' if row['met'] else 'MISS'}] {row['system']:<15} {row['target']:<58} "
                      f"{row['value']:.2f}{unit} vs {row['limit']:.2f}{unit}")
     return "\n".join(lines)
