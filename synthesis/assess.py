@@ -39,6 +39,7 @@ def pass_ratio(counts: Counter[str]) -> float:
 async def run(ctx: Context) -> StageReport:
     scope = dedup.in_scope(ctx)
     skeletons = {k: r for k, r in ctx.workspace.skeletons.load().items() if r.get("status") == KEPT and k in scope}
+    ctx.required(ctx.workspace.skeletons, "skeletons", set(skeletons))
     _rejudge(ctx, set(skeletons))
 
     async def work(key: str) -> dict[str, Any]:

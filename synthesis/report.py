@@ -33,6 +33,11 @@ class StageReport:
         else:
             self.failed.append((str(record.get("key")), str(record.get("error") or "unknown error")))
 
+    @property
+    def barren(self) -> bool:
+        """Items came in and none was kept: every one failed or was dropped."""
+        return self.items > 0 and self.kept == 0
+
     def to_json(self, usage: Usage) -> dict[str, Any]:
         return {
             "stage": self.stage, "items": self.items, "resumed": self.resumed, "kept": self.kept,

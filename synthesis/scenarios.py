@@ -28,6 +28,7 @@ async def run(ctx: Context) -> StageReport:
     scope = dedup.in_scope(ctx)
     assessed = {k for k, r in ctx.workspace.assessments.load().items()
                 if r.get("status") == KEPT and k in scope and skeletons.get(k, {}).get("status") == KEPT}  # fmt: skip
+    ctx.required(ctx.workspace.assessments, "assess", assessed)
     count = ctx.config.run.scenarios_per_env
     envs = {env_id: environment(skeletons[env_id]) for env_id in sorted(assessed)}
     owner = {key: env_id for env_id in envs for key in scenario_keys(env_id, count)}

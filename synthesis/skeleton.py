@@ -37,6 +37,8 @@ async def run(ctx: Context) -> StageReport:
     if not ctx.workspace.environments.is_file():
         raise ConfigError("no environments yet: run `synth themes` first")
     themes = {env["env_id"]: env for env in dedup.environments(ctx)}
+    if not themes:
+        raise ConfigError("theme mining kept no environment: nothing to build")
 
     async def build(key: str) -> dict[str, Any]:
         return await build_skeleton(ctx, themes[key])
