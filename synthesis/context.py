@@ -51,6 +51,11 @@ class Context:
             await self._pool.close()
             self._pool = None
 
+    def note(self, stage: str, text: str) -> None:
+        """A progress line inside an item (an assessment round, a scenario validation): long items are not silent."""
+        self.stream.write(f"[{stage:<10}] {text}\n")
+        self.stream.flush()
+
     def required(self, records: RecordFile, earlier: str, keys: set[str]) -> None:
         """Refuse to run a stage whose input is missing: the earlier stage never ran, or kept nothing in scope.
 

@@ -59,16 +59,20 @@ def render(name: str, *, env: str, item: str = "main", **values: Any) -> Prompt:
     return Prompt(name, env, item, system.substitute(texts), user.substitute(texts))
 
 
+def turn(name: str, **values: Any) -> str:
+    """The user section of template ``name``: a later turn of a conversation another prompt started."""
+    _, user = _sections(name)
+    return user.substitute({k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in values.items()})
+
+
 def reask(problem: str) -> str:
     """The follow-up sent after an answer that did not parse."""
-    _, user = _sections("reask")
-    return user.substitute(problem=problem)
+    return turn("reask", problem=problem)
 
 
 def cut_off(problem: str) -> str:
     """Appended to the original prompt after an answer cut off at the length limit (the cut text is not sent back)."""
-    _, user = _sections("cut_off")
-    return user.substitute(problem=problem)
+    return turn("cut_off", problem=problem)
 
 
 def shown(value: Any, limit: int = 6000) -> str:

@@ -21,6 +21,7 @@ class StageReport:
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what repairs did, one line per item they touched
 
     def count(self, record: dict[str, Any], *, resumed: bool = False) -> None:
         self.items += 1
@@ -42,7 +43,7 @@ class StageReport:
         return {
             "stage": self.stage, "items": self.items, "resumed": self.resumed, "kept": self.kept,
             "dropped": dict(self.dropped), "failed": [{"key": k, "error": e} for k, e in self.failed],
-            "usage": usage.to_json(),
+            "notes": list(self.notes), "usage": usage.to_json(),
         }  # fmt: skip
 
 
@@ -68,4 +69,5 @@ def render(reports: list[StageReport], ledger: Ledger) -> str:
             lines.append(f"{r.stage}: dropped {n} ({reason})")
         for key, error in r.failed:
             lines.append(f"{r.stage}: FAILED {key}: {error}")
+        lines.extend(f"{r.stage}: {note}" for note in r.notes)
     return "\n".join(lines)

@@ -41,7 +41,7 @@ def config_data(url: str, *, corpus: Path | str = CORPUS, **sections: dict[str, 
 
 
 def make_config(url: str, **sections: dict[str, Any]) -> SynthConfig:
-    return SynthConfig.model_validate(config_data(url, **sections))
+    return SynthConfig.model_validate(config_data(url, corpus=CORPUS, **sections))
 
 
 def write_config(folder: Path, url: str, *, corpus: Path | str = CORPUS, **sections: dict[str, Any]) -> Path:

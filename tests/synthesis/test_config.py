@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,8 @@ def test_the_key_comes_from_the_named_variable_never_the_file(tmp_path: Path) ->
 @pytest.mark.parametrize(("section", "key", "value"), [("thresholds", "rounds", "16"), ("llm", "timeout", "120"),
                                                         ("run", "scenarios_per_env", 2.0), ("repair", "remove_unrepaired", "no")])  # fmt: skip
 def test_a_value_of_the_wrong_type_is_an_error_naming_the_key(tmp_path: Path, section: str, key: str, value: object) -> None:
-    path = write_config(tmp_path, "http://llm.test/v1", **{section: {key: value}})
+    sections: dict[str, dict[str, Any]] = {section: {key: value}}
+    path = write_config(tmp_path, "http://llm.test/v1", corpus="tasks.jsonl", **sections)
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert caught.value.field == f"{section}.{key}" and json.dumps(value) in caught.value.message

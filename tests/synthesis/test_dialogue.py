@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from synthesis.answers import parse_theme
-from synthesis.dialogue import ask
 from synthesis.cache import ResponseCache
+from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, LLMRejected
 from synthesis.llm import LLMClient
 from synthesis.prompts import render
