@@ -79,7 +79,9 @@ class Prices(_Strict):
 class Thresholds(_Strict):
     keep_score: int = Field(default=6, ge=1, le=10, description="minimum usefulness and modelability")
     embedding_similarity: float = Field(default=0.92, gt=0, le=1, description="cosine at which themes are duplicates")
-    lexical_similarity: float = Field(default=0.6, gt=0, le=1, description="token Jaccard at which themes are duplicates")
+    lexical_similarity: float = Field(
+        default=0.45, gt=0, le=1, description="character 4-gram cosine of stemmed words at which themes are duplicates"
+    )
     pass_ratio: float = Field(default=0.85, ge=0, le=1, description="(pass + warning) / judged rounds to keep an env")
     rounds: int = Field(default=30, ge=1, le=500, description="assessment rounds per environment")
     min_judged: float = Field(default=0.5, ge=0, le=1, description="share of rounds that must get a verdict")

@@ -53,7 +53,8 @@ class Context:
 
     def note(self, stage: str, text: str) -> None:
         """A progress line inside an item (an assessment round, a scenario validation): long items are not silent."""
-        self.stream.write(f"[{stage:<10}] {text}\n")
+        clear = "\r\x1b[K" if getattr(self.stream, "isatty", lambda: False)() else ""  # over a drawn progress bar
+        self.stream.write(f"{clear}[{stage:<10}] {text}\n")
         self.stream.flush()
 
     def required(self, records: RecordFile, earlier: str, keys: set[str]) -> None:
