@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import problems
+from service import mcp, problems
 from service.api import router
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit
@@ -85,7 +85,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
         try:
-            yield
+            async with mcp.serving(app, settings.max_body_bytes):
+                yield
         finally:
             await pool.close()
             await store.close()
@@ -100,5 +101,6 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                                          "it has been logged", request.url.path)
 
     app.include_router(router)
+    mcp.mount(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

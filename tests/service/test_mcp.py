@@ -1,0 +1,163 @@
+"""Sessions over MCP: the SDK's own client against a real server, compared with the REST path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.conftest import BUNDLED, Server
+
+pytestmark = pytest.mark.anyio
+SCENARIO = "lib-001"
+# "legacy" is the initialize handshake of 2025 servers; "auto" negotiates the per-request protocol.
+MODES = ["legacy", "auto"]
+
+
+def reference_solution(scenario_id: str = SCENARIO) -> list[dict[str, Any]]:
+    for line in (BUNDLED / "library_circulation" / "scenarios.jsonl").read_text().splitlines():
+        scenario = json.loads(line)
+        if scenario["scenario_id"] == scenario_id:
+            return list(scenario["reference_solution"])
+    raise LookupError(scenario_id)
+
+
+def new_session(http: httpx.Client, scenario_id: str = SCENARIO) -> str:
+    response = http.post("/v1/sessions", json={"scenario_id": scenario_id})
+    assert response.status_code == 201, response.text
+    return str(response.json()["session_id"])
+
+
+def mcp_url(server: Server, session_id: str) -> str:
+    return f"{server.url}/v1/sessions/{session_id}/mcp"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tools_list_gives_the_environment_tools_with_their_schemas(server: Server, client: httpx.Client,
+                                                                         mode: str) -> None:
+    session_id = new_session(client)
+    rest = client.get(f"/v1/sessions/{session_id}/tools").json()["tools"]
+    async with Client(mcp_url(server, session_id), mode=mode) as mcp:
+        listed = (await mcp.list_tools()).tools
+    assert [t.name for t in listed] == [t["function"]["name"] for t in rest]
+    for tool, schema in zip(listed, rest, strict=True):
+        assert tool.input_schema == schema["function"]["parameters"]
+        assert tool.description == schema["function"]["description"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_solving_a_scenario_over_mcp_matches_the_rest_path(server: Server, client: httpx.Client,
+                                                                 mode: str) -> None:
+    """State, trajectory and score after tools/call equal those after POST .../calls, step for step."""
+    over_mcp, over_rest = new_session(client), new_session(client)
+    async with Client(mcp_url(server, over_mcp), mode=mode) as mcp:
+        for step, call in enumerate(reference_solution(), start=1):
+            result = await mcp.call_tool(call["name"], call["arguments"])
+            rest = client.post(f"/v1/sessions/{over_rest}/calls", json=call).json()
+            assert result.is_error is False
+            assert result.structured_content == rest
+            assert result.structured_content is not None and result.structured_content["step"] == step
+            assert [c.text for c in result.content if c.type == "text"] == [rest["observation"]]
+
+    def view(session_id: str, what: str) -> Any:
+        response = client.request("POST" if what == "score" else "GET", f"/v1/sessions/{session_id}/{what}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    assert view(over_mcp, "state") == view(over_rest, "state")
+    assert view(over_mcp, "trajectory") == view(over_rest, "trajectory")
+    score = view(over_mcp, "score")
+    assert score == view(over_rest, "score")
+    assert score["reward"] == 1.0
+
+
+async def test_tool_failures_are_error_results_and_the_connection_stays_usable(server: Server,
+                                                                               client: httpx.Client) -> None:
+    """Unknown tools and bad arguments answer isError with REST's error.type; state is untouched."""
+    session_id = new_session(client)
+    before = client.get(f"/v1/sessions/{session_id}/state").json()["state"]
+    async with Client(mcp_url(server, session_id)) as mcp:
+        unknown = await mcp.call_tool("fly_to_the_moon", {})
+        invalid = await mcp.call_tool("return_book", {"loan_id": 42})
+        assert client.get(f"/v1/sessions/{session_id}/state").json()["state"] == before
+        good = await mcp.call_tool(**_first_call())
+    for result, kind in ((unknown, "unknown_tool"), (invalid, "invalid_arguments")):
+        assert result.is_error is True
+        assert result.structured_content is not None
+        assert result.structured_content["ok"] is False
+        assert result.structured_content["error"]["type"] == kind
+        assert result.content[0].type == "text" and result.content[0].text.startswith(f"Error ({kind})")
+    assert good.is_error is False
+    steps = client.get(f"/v1/sessions/{session_id}/trajectory").json()["steps"]
+    assert [(s["name"], s["ok"]) for s in steps] == [("fly_to_the_moon", False), ("return_book", False),
+                                                    ("return_book", True)]
+
+
+def _first_call() -> dict[str, Any]:
+    call = reference_solution()[0]
+    return {"name": call["name"], "arguments": call["arguments"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_unknown_session_is_a_not_found_error(server: Server, mode: str) -> None:
+    async with Client(mcp_url(server, "ses_does_not_exist"), mode=mode) as mcp:
+        for _ in range(2):  # the connection survives the error
+            with pytest.raises(MCPError) as listed:
+                await mcp.list_tools()
+            assert listed.value.error.data["type"] == "urn:envfoundry:problem:not-found"
+            assert "ses_does_not_exist" in str(listed.value)
+        with pytest.raises(MCPError) as called:
+            await mcp.call_tool(**_first_call())
+        assert called.value.error.code == -32002
+        assert called.value.error.data["status"] == 404
+
+
+async def test_a_deleted_session_stops_answering_over_mcp(server: Server, client: httpx.Client) -> None:
+    session_id = new_session(client)
+    async with Client(mcp_url(server, session_id)) as mcp:
+        await mcp.list_tools()
+        assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
+        with pytest.raises(MCPError) as called:
+            await mcp.call_tool(**_first_call())
+    assert called.value.error.data["type"] == "urn:envfoundry:problem:not-found"
+
+
+async def test_the_service_endpoint_runs_a_whole_episode(server: Server, client: httpx.Client) -> None:
+    """An MCP-only agent lists scenarios, creates a session, calls its tools and scores it."""
+    async with Client(f"{server.url}/v1/mcp") as mcp:
+        assert {t.name for t in (await mcp.list_tools()).tools} == {"list_scenarios", "create_session",
+                                                                    "call_tool", "score_session"}
+        listed = await mcp.call_tool("list_scenarios", {"env_id": "library_circulation"})
+        assert listed.structured_content is not None
+        assert SCENARIO in [s["scenario_id"] for s in listed.structured_content["scenarios"]]
+        created = await mcp.call_tool("create_session", {"scenario_id": SCENARIO})
+        assert created.structured_content is not None and created.is_error is False
+        session_id = created.structured_content["session_id"]
+        assert created.structured_content["task"]
+        for call in reference_solution():
+            result = await mcp.call_tool("call_tool", {"session_id": session_id, **call})
+            assert result.is_error is False, result.structured_content
+        scored = await mcp.call_tool("score_session", {"session_id": session_id})
+    assert scored.structured_content is not None and scored.structured_content["reward"] == 1.0
+    assert scored.structured_content == client.post(f"/v1/sessions/{session_id}/score").json()
+    assert client.get(f"/v1/sessions/{session_id}").json()["steps"] == len(reference_solution())
+
+
+async def test_the_service_endpoint_explains_bad_requests_as_tool_errors(server: Server) -> None:
+    async with Client(f"{server.url}/v1/mcp") as mcp:
+        missing = await mcp.call_tool("create_session", {"scenario_id": "no-such-scenario"})
+        both = await mcp.call_tool("create_session", {"scenario_id": SCENARIO, "env_id": "library_circulation"})
+        untyped = await mcp.call_tool("score_session", {"session_id": 7})
+        gone = await mcp.call_tool("call_tool", {"session_id": "ses_gone", "name": "get_book", "arguments": {}})
+    assert missing.is_error and missing.structured_content is not None
+    assert missing.structured_content["problem"]["type"] == "urn:envfoundry:problem:not-found"
+    assert both.is_error and both.structured_content is not None
+    assert both.structured_content["problem"]["type"] == "urn:envfoundry:problem:invalid-request"
+    assert untyped.is_error and untyped.structured_content is not None
+    assert untyped.structured_content["error"]["type"] == "invalid_arguments"
+    assert gone.is_error and gone.structured_content is not None
+    assert gone.structured_content["problem"]["status"] == 404
