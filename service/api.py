@@ -6,20 +6,26 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from service import schemas
+from service import idempotency, schemas
 from service.catalog import CatalogError, Scenario, ToolCall, build_environment, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
-from service.problems import MEDIA_TYPE, InvalidEnvironment
+from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest
 from service.registry import Registry
-from service.sessions import Created, Sessions
+from service.sessions import Applied, Created, Sessions
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}, "description": text}
     for status, text in {404: "Not found", 409: "Conflict", 413: "Payload too large", 422: "Invalid request",
-                         503: "Unavailable"}.items()
+                         502: "Upstream failed", 503: "Unavailable"}.items()
 }
+# Trajectory pages: large enough for whole RL episodes, small enough to bound one response.
+MAX_PAGE = 1000
+
+IdempotencyKey = Header(default=None, alias=idempotency.HEADER, pattern=idempotency.KEY_PATTERN,
+                        description="Retries with the same key and body return the first answer and apply "
+                                    "nothing twice.")
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -114,21 +120,54 @@ async def create_scenario(body: schemas.ScenarioCreate, reg: Registry = Depends(
 
 
 # -- sessions -------------------------------------------------------------------------------
-def _created(created: Created) -> schemas.SessionCreated:
+def _created(created: Created) -> dict[str, Any]:
+    meta = created.meta
+    conversation = meta.mode == "conversation"
     return schemas.SessionCreated(
-        session_id=created.meta.session_id,
+        session_id=meta.session_id,
+        session_ids=[m.session_id for m in created.metas],
         env_id=created.env.env_id,
-        scenario_id=created.meta.scenario_id,
-        task=created.scenario.task if created.scenario else None,
+        scenario_id=meta.scenario_id,
+        mode="conversation" if conversation else "task",
+        task=created.scenario.task if created.scenario and not conversation else None,
+        user_message=meta.opening,
         introduction=created.env.introduction,
         rules=created.env.rules,
         tools=created.env.tools,
-    )
+    ).model_dump(mode="json")
+
+
+def _group_size(n: int, request: Request) -> int:
+    limit = request.app.state.settings.max_group
+    if n > limit:
+        raise InvalidRequest(f"n: at most {limit} sessions per request (max_group)", field="n", limit="max_group",
+                             value=limit)
+    return n
+
+
+async def _once(request: Request, response: Response, key: str | None, route: str, body: Any,
+                run: Any) -> dict[str, Any]:
+    """Run a session-creating request once per Idempotency-Key."""
+    if key is None:
+        answer: dict[str, Any] = await run()
+        return answer
+    engine: Sessions = request.app.state.sessions
+    answer, replayed = await idempotency.once(engine.store, f"{route}", key, idempotency.fingerprint(route, body),
+                                              engine.pool.longest_request, run)
+    if replayed:
+        response.headers[idempotency.REPLAYED] = "true"
+    return answer
 
 
 @router.post("/v1/sessions", status_code=201, response_model=schemas.SessionCreated, tags=["sessions"])
-async def create_session(body: schemas.SessionCreate, engine: Sessions = Depends(sessions)) -> schemas.SessionCreated:
-    return _created(await engine.create(body.scenario_id, body.env_id, body.init_config))
+async def create_session(body: schemas.SessionCreate, request: Request, response: Response,
+                         key: str | None = IdempotencyKey, engine: Sessions = Depends(sessions)) -> Any:
+    n = _group_size(body.n, request)
+
+    async def run() -> dict[str, Any]:
+        return _created(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode))
+
+    return await _once(request, response, key, "create", body.model_dump(mode="json"), run)
 
 
 @router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
@@ -136,7 +175,8 @@ async def get_session(session_id: str, engine: Sessions = Depends(sessions)) -> 
     snap = await engine.snapshot(session_id)
     meta = snap.meta
     return schemas.SessionInfo(session_id=meta.session_id, env_id=meta.env_id, scenario_id=meta.scenario_id,
-                               parent_id=meta.parent_id, steps=meta.step, created_at=_utc(meta.created_at),
+                               parent_id=meta.parent_id, mode="conversation" if meta.mode == "conversation" else "task",
+                               done=meta.done, steps=meta.step, created_at=_utc(meta.created_at),
                                expires_at=_utc(snap.expires_at))
 
 
@@ -146,12 +186,25 @@ async def get_tools(session_id: str, engine: Sessions = Depends(sessions)) -> sc
     return schemas.ToolList(tools=env.tools)
 
 
+def _replayed(applied: Applied, response: Response) -> dict[str, Any]:
+    if applied.replayed:
+        response.headers[idempotency.REPLAYED] = "true"
+    return applied.record
+
+
 @router.post("/v1/sessions/{session_id}/calls", response_model=schemas.CallResult, tags=["sessions"])
-async def call_tool(session_id: str, body: schemas.ToolCallRequest,
-                    engine: Sessions = Depends(sessions)) -> schemas.CallResult:
-    record = await engine.call(session_id, body.name, body.arguments)
+async def call_tool(session_id: str, body: schemas.ToolCallRequest, response: Response,
+                    key: str | None = IdempotencyKey, engine: Sessions = Depends(sessions)) -> schemas.CallResult:
+    record = _replayed(await engine.call(session_id, body.name, body.arguments, key=key), response)
     return schemas.CallResult(step=record["step"], ok=record["ok"], result=record["result"],
                               error=record["error"], observation=record["observation"])
+
+
+@router.post("/v1/sessions/{session_id}/messages", response_model=schemas.MessageResult, tags=["sessions"])
+async def send_message(session_id: str, body: schemas.MessageRequest, response: Response,
+                       key: str | None = IdempotencyKey, engine: Sessions = Depends(sessions)) -> schemas.MessageResult:
+    record = _replayed(await engine.message(session_id, body.content, key=key), response)
+    return schemas.MessageResult(step=record["step"], reply=record["reply"], done=record["done"])
 
 
 @router.get("/v1/sessions/{session_id}/state", response_model=schemas.StateView, tags=["sessions"])
@@ -161,8 +214,11 @@ async def get_state(session_id: str, engine: Sessions = Depends(sessions)) -> sc
 
 
 @router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"])
-async def get_trajectory(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.Trajectory:
-    return schemas.Trajectory.model_validate({"steps": await engine.trajectory(session_id)})
+async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
+                         limit: int = Query(default=MAX_PAGE, ge=1, le=MAX_PAGE),
+                         engine: Sessions = Depends(sessions)) -> schemas.Trajectory:
+    steps, total = await engine.trajectory(session_id, offset, limit)
+    return schemas.Trajectory.model_validate({"steps": steps, "total": total, "offset": offset})
 
 
 @router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"])
@@ -172,8 +228,15 @@ async def score_session(session_id: str, engine: Sessions = Depends(sessions)) -
 
 @router.post("/v1/sessions/{session_id}/fork", status_code=201, response_model=schemas.SessionCreated,
              tags=["sessions"])
-async def fork_session(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.SessionCreated:
-    return _created(await engine.fork(session_id))
+async def fork_session(session_id: str, request: Request, response: Response,
+                       body: schemas.ForkRequest | None = None, key: str | None = IdempotencyKey,
+                       engine: Sessions = Depends(sessions)) -> Any:
+    n = _group_size(body.n if body else 1, request)
+
+    async def run() -> dict[str, Any]:
+        return _created(await engine.fork(session_id, n=n))
+
+    return await _once(request, response, key, "fork", {"session_id": session_id, "n": n}, run)
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])

@@ -18,6 +18,7 @@ from service.registry import Registry
 from service.sessions import Sessions
 from service.settings import Settings
 from service.store import SessionStore
+from service.user_llm import UserSimulator
 
 log = logging.getLogger("envfoundry")
 
@@ -64,6 +65,14 @@ def make_pool(settings: Settings) -> WorkerPool:
                       acquire_timeout=settings.sandbox_wait)
 
 
+def make_user(settings: Settings) -> UserSimulator | None:
+    """The simulated user of conversation mode, when an endpoint is configured."""
+    if not settings.user_llm_base_url:
+        return None
+    return UserSimulator(settings.user_llm_base_url, settings.user_llm_model, settings.user_llm_api_key,
+                         timeout=settings.user_llm_timeout, temperature=settings.user_llm_temperature)
+
+
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     """The app; ``catalog`` is loaded from ``settings`` at start-up unless given."""
     settings = settings or Settings()
@@ -76,11 +85,12 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         pool = make_pool(settings)
         await pool.start()
         registry = Registry(loaded, store, pool)
+        user = make_user(settings)
         app.state.settings = settings
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
-        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait)
+        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user)
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
@@ -90,6 +100,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         finally:
             await pool.close()
             await store.close()
+            if user is not None:
+                await user.close()
 
     app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
     problems.install(app)

@@ -15,11 +15,12 @@ class SessionKeys:
     state: str
     initial: str
     trajectory: str
+    idempotency: str
     lock: str
 
-    def data(self) -> tuple[str, str, str, str]:
+    def data(self) -> tuple[str, str, str, str, str]:
         """Keys whose TTL moves together (the lock has its own lease)."""
-        return (self.meta, self.state, self.initial, self.trajectory)
+        return (self.meta, self.state, self.initial, self.trajectory, self.idempotency)
 
 
 class Keys:
@@ -33,8 +34,13 @@ class Keys:
             state=f"{base}:state",
             initial=f"{base}:initial",
             trajectory=f"{base}:trajectory",
+            idempotency=f"{base}:idempotency",
             lock=f"{base}:lock",
         )
+
+    def request(self, name: str) -> str:
+        """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
+        return f"{self.prefix}:request:{name}"
 
     @property
     def environments(self) -> str:

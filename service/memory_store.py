@@ -18,6 +18,7 @@ class _Entry:
     initial: str
     trajectory: list[str] = field(default_factory=list)
     expires_at: float = 0.0
+    idempotency: dict[str, str] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -26,6 +27,7 @@ class MemoryStore:
         self._sessions: dict[str, _Entry] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._records: dict[str, dict[str, str]] = {"environments": {}, "scenarios": {}}
+        self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
         self._last_sweep = 0.0
 
     def _live(self, session_id: str) -> _Entry | None:
@@ -46,11 +48,17 @@ class MemoryStore:
         self._last_sweep = now
         for session_id in [k for k, e in self._sessions.items() if e.expires_at <= now]:
             del self._sessions[session_id]
+        for key in [k for k, (_, expires) in self._requests.items() if expires <= now]:
+            del self._requests[key]
 
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        self._sessions[meta.session_id] = _Entry(
-            replace(meta), state, initial, list(trajectory), time.time() + self.ttl
-        )
+        await self.create_group([meta], state, initial, trajectory)
+
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        for meta in metas:
+            self._sessions[meta.session_id] = _Entry(
+                replace(meta), state, initial, list(trajectory), time.time() + self.ttl
+            )
 
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
         entry = self._live(session_id)
@@ -64,7 +72,8 @@ class MemoryStore:
             trajectory=list(entry.trajectory) if trajectory else [],
         )
 
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
         entry = self._live(session_id)
         if entry is None or entry.meta.step != expected_step:
             return False
@@ -72,11 +81,36 @@ class MemoryStore:
             entry.state = state
         entry.trajectory.append(record)
         entry.meta.step += 1
+        entry.meta.done = entry.meta.done or done
+        if idempotency is not None:
+            entry.idempotency[idempotency[0]] = idempotency[1]
         return True
+
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        entry = self._live(session_id)
+        return None if entry is None else entry.idempotency.get(key)
 
     async def trajectory(self, session_id: str) -> list[str] | None:
         entry = self._live(session_id)
         return None if entry is None else list(entry.trajectory)
+
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        entry = self._live(session_id)
+        return None if entry is None else (entry.trajectory[offset:offset + limit], len(entry.trajectory))
+
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        now = time.time()
+        existing = self._requests.get(key)
+        if existing is not None and existing[1] > now:
+            return existing[0]
+        self._requests[key] = (value, now + lease)
+        return None
+
+    async def finish_request(self, key: str, value: str) -> None:
+        self._requests[key] = (value, time.time() + self.ttl)
+
+    async def release_request(self, key: str) -> None:
+        self._requests.pop(key, None)
 
     async def delete(self, session_id: str) -> bool:
         return self._live(session_id) is not None and self._sessions.pop(session_id, None) is not None

@@ -7,7 +7,12 @@
     ├── Conflict            409 conflict             (id taken, concurrent change)
     ├── PayloadTooLarge     413 payload-too-large
     ├── SessionBusy         409 session-busy         (previous call still running)
-    └── Unavailable         503 unavailable          (sandbox or store down)
+    ├── IdempotencyKeyReused 422 idempotency-key-reused (same key, different request)
+    ├── NotConversation     409 not-conversation     (messages to a task-mode session)
+    ├── ConversationEnded   409 conversation-ended   (the simulated user already stopped)
+    ├── UserLLMFailed       502 user-llm-failed      (the simulated user's endpoint failed)
+    ├── Unavailable         503 unavailable          (sandbox or store down)
+    └── UserLLMUnavailable  503 user-llm-unavailable (no simulated user configured)
 
 ``type`` is a stable URN per class; clients branch on it, not on ``detail``.
 """
@@ -22,6 +27,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MEDIA_TYPE = "application/problem+json"
+# Problems a client may retry as they are (the same request can succeed later).
+RETRYABLE = frozenset({"session-busy", "unavailable", "user-llm-failed"})
 
 
 def problem_type(slug: str) -> str:
@@ -81,13 +88,43 @@ class Unavailable(ServiceError):
     title = "Service unavailable"
 
 
+class IdempotencyKeyReused(ServiceError):
+    status = 422
+    slug = "idempotency-key-reused"
+    title = "Idempotency key reused"
+
+
+class NotConversation(ServiceError):
+    status = 409
+    slug = "not-conversation"
+    title = "Not a conversation"
+
+
+class ConversationEnded(ServiceError):
+    status = 409
+    slug = "conversation-ended"
+    title = "Conversation ended"
+
+
+class UserLLMFailed(ServiceError):
+    status = 502
+    slug = "user-llm-failed"
+    title = "Simulated user failed"
+
+
+class UserLLMUnavailable(ServiceError):
+    status = 503
+    slug = "user-llm-unavailable"
+    title = "No simulated user"
+
+
 def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,
                      **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
     if instance:
         body["instance"] = instance
     body.update(extra)
-    headers = {"Retry-After": "1"} if status in (409, 503) and slug != "conflict" else None
+    headers = {"Retry-After": "1"} if slug in RETRYABLE else None
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 

@@ -20,13 +20,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 # Compare-and-set on the step: a stale caller can never apply a step twice.
+# The idempotency key is written in the same script, so a step and the record of which request
+# made it exist together or not at all.
 COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then return 0 end
 if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
 redis.call('RPUSH', KEYS[4], ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'step', 1)
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
+for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 return 1
 """
 
@@ -69,18 +73,23 @@ class RedisStore:
     def _ttl_ms(self) -> int:
         return int(self.ttl * 1000)
 
-    @_translated
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        k = self.keys.session(meta.session_id)
+        await self.create_group([meta], state, initial, trajectory)
+
+    @_translated
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        # One MULTI: every session of the group exists, or none does.
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(*k.data())  # a create never extends what an old session left
-            pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
-            pipe.set(k.state, state)
-            pipe.set(k.initial, initial)
-            if trajectory:
-                pipe.rpush(k.trajectory, *trajectory)
-            for key in k.data():
-                pipe.pexpire(key, self._ttl_ms)
+            for meta in metas:
+                k = self.keys.session(meta.session_id)
+                pipe.delete(*k.data())  # a create never extends what an old session left
+                pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
+                pipe.set(k.state, state)
+                pipe.set(k.initial, initial)
+                if trajectory:
+                    pipe.rpush(k.trajectory, *trajectory)
+                for key in k.data():
+                    pipe.pexpire(key, self._ttl_ms)
             await pipe.execute()
 
     @_translated
@@ -107,13 +116,21 @@ class RedisStore:
         )
 
     @_translated
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
         k = self.keys.session(session_id)
+        key, value = idempotency or ("", "")
         outcome = await self._commit(
-            keys=[k.meta, k.state, k.initial, k.trajectory],
-            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms],
+            keys=[k.meta, k.state, k.initial, k.trajectory, k.idempotency],
+            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+                  "1" if done else "0", key, value],
         )
         return int(outcome) == 1
+
+    @_translated
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        value = await self.client.hget(self.keys.session(session_id).idempotency, key)
+        return None if value is None else str(value)
 
     @_translated
     async def trajectory(self, session_id: str) -> list[str] | None:
@@ -125,6 +142,34 @@ class RedisStore:
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
         return list(results[1]) if results[0] else None
+
+    @_translated
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        k = self.keys.session(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.exists(k.meta)
+            pipe.lrange(k.trajectory, offset, offset + limit - 1)
+            pipe.llen(k.trajectory)
+            for key in k.data():
+                pipe.pexpire(key, self._ttl_ms)
+            results: list[Any] = await pipe.execute()
+        return (list(results[1]), int(results[2])) if results[0] else None
+
+    @_translated
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        name = self.keys.request(key)
+        if await self.client.set(name, value, nx=True, px=int(lease * 1000)):
+            return None
+        existing = await self.client.get(name)
+        return "" if existing is None else str(existing)
+
+    @_translated
+    async def finish_request(self, key: str, value: str) -> None:
+        await self.client.set(self.keys.request(key), value, px=self._ttl_ms)
+
+    @_translated
+    async def release_request(self, key: str) -> None:
+        await self.client.delete(self.keys.request(key))
 
     @_translated
     async def delete(self, session_id: str) -> bool:

@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
+    max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
+    user_llm_base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
+    )
+    user_llm_model: str = Field(default="gpt-4.1-mini", description="Model of the simulated user.")
+    user_llm_api_key: str | None = Field(default=None, description="API key of the simulated user's endpoint.")
+    user_llm_timeout: float = Field(default=60.0, gt=0, description="Seconds one simulated-user reply may take.")
+    user_llm_temperature: float = Field(default=0.0, ge=0, le=2, description="Sampling temperature of the simulated user.")
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"

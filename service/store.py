@@ -39,9 +39,15 @@ class SessionMeta:
     created_at: float
     step: int = 0
     parent_id: str | None = None
+    tenant: str = ""
+    mode: str = "task"  # or "conversation": a simulated user holds the task
+    done: bool = False  # the simulated user ended the conversation
+    opening: str | None = None  # the simulated user's first message
 
     def to_fields(self) -> dict[str, str]:
-        return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+        fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+        fields["done"] = "1" if self.done else ""
+        return fields
 
     @classmethod
     def from_fields(cls, data: dict[str, str]) -> SessionMeta:
@@ -52,6 +58,10 @@ class SessionMeta:
             created_at=float(data["created_at"]),
             step=int(data["step"]),
             parent_id=data.get("parent_id") or None,
+            tenant=data.get("tenant", ""),
+            mode=data.get("mode") or "task",
+            done=bool(data.get("done")),
+            opening=data.get("opening") or None,
         )
 
 
@@ -70,15 +80,36 @@ class SessionStore(Protocol):
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
         """Store a new session."""
 
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        """Store several sessions sharing one state, all or none."""
+
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
         """Read a session consistently (meta, blobs and optionally trajectory at one step)."""
 
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
-        only if the session exists and is still at ``expected_step``."""
+        only if the session exists and is still at ``expected_step``. ``done`` marks the
+        conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
+        carrying the key finds it even when the answer to the first attempt was lost."""
+
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        """The value committed with idempotency ``key`` on this session, if any."""
 
     async def trajectory(self, session_id: str) -> list[str] | None:
         """The session's step records, or None when it does not exist."""
+
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        """Step records ``offset`` to ``offset + limit`` and the total, or None when the session does not exist."""
+
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        """Claim a request key for ``lease`` seconds; the value already there when it is taken."""
+
+    async def finish_request(self, key: str, value: str) -> None:
+        """Replace a claimed request key's value with the answer, kept for the session TTL."""
+
+    async def release_request(self, key: str) -> None:
+        """Forget a claim whose request failed, so a retry can run it."""
 
     async def delete(self, session_id: str) -> bool:
         """Remove a session; False when it did not exist."""

@@ -372,12 +372,12 @@ async def test_redis_every_session_key_has_a_real_ttl(make_redis: StoreFactory, 
     meta = _meta()
     keys = Keys(prefix).session(meta.session_id)
     await store.create(meta, "{}", "{}", ["r0"])
-    for key in keys.data():
+    for key in keys.data()[:4]:  # the idempotency hash appears with the first keyed commit
         assert raw_redis.exists(key) == 1, key
         assert 0 < raw_redis.pttl(key) <= 30_000, key
 
     fresh = await _created(store)  # created without trajectory: the list key appears on the first commit
-    assert await store.commit(fresh.session_id, 0, '{"n":1}', _rec(1)) is True
+    assert await store.commit(fresh.session_id, 0, '{"n":1}', _rec(1), idempotency=("k1", "1")) is True
     for key in Keys(prefix).session(fresh.session_id).data():
         assert raw_redis.exists(key) == 1, key
         assert 0 < raw_redis.pttl(key) <= 30_000, key
@@ -394,6 +394,7 @@ async def test_redis_load_pushes_the_real_ttl_back(make_redis: StoreFactory, raw
     store = make_redis(ttl=10.0)
     meta = await _created(store, ["r0"])
     keys = Keys(make_redis.prefix or "").session(meta.session_id)
+    assert await store.commit(meta.session_id, 0, None, _rec(1), idempotency=("k1", "1")) is True
     await asyncio.sleep(0.5)
     assert all(raw_redis.pttl(k) <= 9_600 for k in keys.data())
     assert await store.load(meta.session_id) is not None
@@ -578,3 +579,57 @@ async def test_redis_two_replicas_see_each_others_sessions_and_commits(make_redi
     assert await first.delete(meta.session_id) is True
     assert await second.load(meta.session_id) is None
     assert await second.delete(meta.session_id) is False
+
+
+async def test_a_group_is_created_whole_with_one_state(store: SessionStore) -> None:
+    metas = [_meta() for _ in range(5)]
+    await store.create_group(metas, '{"n":7}', '{"n":0}', ["r0"])
+    for meta in metas:
+        snap = await store.load(meta.session_id, trajectory=True)
+        assert snap is not None
+        assert (snap.state, snap.initial, snap.trajectory) == ('{"n":7}', '{"n":0}', ["r0"])
+    # the copies are independent: a step on one leaves the others alone
+    assert await store.commit(metas[0].session_id, 0, '{"n":8}', _rec(1)) is True
+    other = await store.load(metas[1].session_id)
+    assert other is not None and other.state == '{"n":7}' and other.meta.step == 0
+
+
+async def test_an_idempotency_key_is_committed_with_its_step(store: SessionStore) -> None:
+    meta = await _created(store)
+    assert await store.idempotent(meta.session_id, "key-1") is None
+    assert await store.commit(meta.session_id, 0, '{"n":1}', _rec(1), idempotency=("key-1", '{"step":1}')) is True
+    assert await store.idempotent(meta.session_id, "key-1") == '{"step":1}'
+    # a refused commit (stale step) remembers nothing
+    assert await store.commit(meta.session_id, 0, '{"n":2}', _rec(1), idempotency=("key-2", "x")) is False
+    assert await store.idempotent(meta.session_id, "key-2") is None
+    assert await store.idempotent("ses_missing", "key-1") is None
+
+
+async def test_done_is_set_by_the_commit_that_ends_a_conversation(store: SessionStore) -> None:
+    meta = await _created(store)
+    assert await store.commit(meta.session_id, 0, None, _rec(1)) is True
+    snap = await store.load(meta.session_id)
+    assert snap is not None and snap.meta.done is False
+    assert await store.commit(meta.session_id, 1, None, _rec(2), done=True) is True
+    snap = await store.load(meta.session_id)
+    assert snap is not None and snap.meta.done is True and snap.meta.step == 2
+
+
+async def test_trajectory_pages(store: SessionStore) -> None:
+    meta = await _created(store)
+    for step in range(5):
+        assert await store.commit(meta.session_id, step, None, _rec(step + 1)) is True
+    assert await store.trajectory_page(meta.session_id, 1, 2) == ([_rec(2), _rec(3)], 5)
+    assert await store.trajectory_page(meta.session_id, 4, 10) == ([_rec(5)], 5)
+    assert await store.trajectory_page(meta.session_id, 9, 10) == ([], 5)
+    assert await store.trajectory_page("ses_missing", 0, 10) is None
+
+
+async def test_a_request_claim_is_taken_once_then_answered_or_released(store: SessionStore) -> None:
+    assert await store.claim_request("t:create:k", "pending", 30) is None
+    assert await store.claim_request("t:create:k", "again", 30) == "pending"
+    await store.finish_request("t:create:k", "answer")
+    assert await store.claim_request("t:create:k", "again", 30) == "answer"
+    assert await store.claim_request("t:create:other", "pending", 30) is None
+    await store.release_request("t:create:other")
+    assert await store.claim_request("t:create:other", "second", 30) is None
