@@ -10,7 +10,9 @@ MCP session, and there is no second idle timeout to keep in line with the sessio
 responses because every answer is a single result; nothing is streamed.
 
 A ``tools/call`` goes through ``Sessions.call``, the method behind ``POST .../calls``: the same
-sandbox, trajectory, lock and atomic commit. Tool failures (``ok: false``) are tool results with
+sandbox, trajectory, lock and atomic commit, and the same idempotency: a key given as
+``_meta["envfoundry/idempotency-key"]`` or as the request's ``Idempotency-Key`` header makes a
+retry answer the first attempt's step (``_meta["envfoundry/replayed"]`` is then true). Tool failures (``ok: false``) are tool results with
 ``isError`` and the call record as ``structuredContent``, so ``error.type`` is the one REST
 answers. Service errors (unknown session, busy, unavailable) are JSON-RPC errors whose ``data``
 is the problem+json body REST would send; the connection stays usable after either.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -35,8 +38,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from service import idempotency
+from service.api import _created as created_view
 from service.problems import InvalidRequest, ServiceError, problem_type
-from service.sessions import Sessions
+from service.sessions import Applied, Sessions
 
 log = logging.getLogger("envfoundry.mcp")
 
@@ -46,7 +51,9 @@ SERVICE_PATH = "/v1/mcp"
 # the server-defined range (-32000) covers the rest. Clients branch on data.type, as with REST.
 NOT_FOUND_CODE = -32002
 SERVICE_ERROR_CODE = -32000
-Handler = Callable[[Sessions, dict[str, Any]], Awaitable[dict[str, Any]]]
+KEY_META = "envfoundry/idempotency-key"
+REPLAYED_META = "envfoundry/replayed"
+Handler = Callable[[Sessions, dict[str, Any]], Awaitable[Any]]
 
 
 def service_error(exc: ServiceError) -> MCPError:
@@ -60,11 +67,31 @@ def _problem(exc: ServiceError) -> dict[str, Any]:
             **exc.extra}
 
 
-def call_result(record: dict[str, Any]) -> types.CallToolResult:
+def call_result(applied: Applied) -> types.CallToolResult:
     """A call record as an MCP tool result: the observation as text, the record as structured content."""
+    record = applied.record
     view = {k: record[k] for k in ("step", "ok", "result", "error", "observation")}
-    return types.CallToolResult(content=[types.TextContent(type="text", text=record["observation"])],
-                                structured_content=view, is_error=not record["ok"])
+    result = types.CallToolResult(content=[types.TextContent(type="text", text=record["observation"])],
+                                  structured_content=view, is_error=not record["ok"])
+    if applied.replayed:
+        result.meta = {REPLAYED_META: True}
+    return result
+
+
+def idempotency_key(params: types.CallToolRequestParams, request: Request) -> str | None:
+    """The call's key: from ``_meta`` (per call), else from the HTTP header (per request).
+
+    Raises:
+        InvalidRequest: the key is not 1 to 255 printable ASCII characters.
+    """
+    meta: Any = params.meta or {}
+    key = meta.get(KEY_META) if isinstance(meta, dict) else None
+    if key is None:
+        key = request.headers.get(idempotency.HEADER)
+    if key is not None and (not isinstance(key, str) or not re.fullmatch(idempotency.KEY_PATTERN, key)):
+        raise InvalidRequest("the idempotency key must be 1 to 255 printable ASCII characters",
+                             field=idempotency.HEADER)
+    return key
 
 
 def _engine(ctx: Any) -> Sessions:
@@ -93,10 +120,11 @@ def _mcp_tool(function: dict[str, Any]) -> types.Tool:
 
 async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     try:
-        record = await _engine(ctx).call(_session_id(ctx), params.name, params.arguments or {})
+        key = idempotency_key(params, ctx.request)
+        applied = await _engine(ctx).call(_session_id(ctx), params.name, params.arguments or {}, key=key)
     except ServiceError as exc:
         raise service_error(exc) from exc
-    return call_result(record)
+    return call_result(applied)
 
 
 def session_server() -> Server[Any]:
@@ -121,14 +149,18 @@ async def _create_session(engine: Sessions, args: dict[str, Any]) -> dict[str, A
         raise InvalidRequest("give exactly one of scenario_id or env_id", field="scenario_id")
     if "scenario_id" in args and "init_config" in args:
         raise InvalidRequest("init_config goes with env_id; a scenario brings its own", field="init_config")
-    created = await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"))
-    return {"session_id": created.meta.session_id, "env_id": created.env.env_id,
-            "scenario_id": created.meta.scenario_id, "task": created.scenario.task if created.scenario else None,
-            "introduction": created.env.introduction, "rules": created.env.rules, "tools": created.env.tools}
+    return created_view(await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"),
+                                            mode=args.get("mode", "task")))
 
 
-async def _call(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
-    return await engine.call(args["session_id"], args["name"], args.get("arguments", {}))
+async def _call(engine: Sessions, args: dict[str, Any]) -> Applied:
+    return await engine.call(args["session_id"], args["name"], args.get("arguments", {}),
+                             key=args.get("idempotency_key"))
+
+
+async def _message(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
+    applied = await engine.message(args["session_id"], args["content"], key=args.get("idempotency_key"))
+    return {k: applied.record[k] for k in ("step", "reply", "done")}
 
 
 async def _score(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +168,8 @@ async def _score(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
 
 
 _ID = {"type": "string", "minLength": 1}
+_KEY = {"type": "string", "pattern": idempotency.KEY_PATTERN,
+        "description": "Optional: a retry with the same key answers the first attempt and applies nothing twice."}
 SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
     "list_scenarios": (
         "List the scenarios (id, environment, task), optionally of one environment.",
@@ -143,17 +177,26 @@ SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
         _list_scenarios),
     "create_session": (
         "Start a session from a scenario (scenario_id) or from an environment (env_id, optional init_config). "
-        "Answers the session id, the task, the rules and the tools (OpenAI function schemas).",
-        {"type": "object", "properties": {"scenario_id": _ID, "env_id": _ID, "init_config": {"type": "object"}},
+        "Answers the session id, the task, the rules and the tools (OpenAI function schemas). With mode "
+        "'conversation' a simulated user holds the task: talk to it with send_message.",
+        {"type": "object", "properties": {"scenario_id": _ID, "env_id": _ID, "init_config": {"type": "object"},
+                                          "mode": {"enum": ["task", "conversation"]}},
          "additionalProperties": False},
         _create_session),
     "call_tool": (
         "Call one of a session's tools. Answers {step, ok, result, error, observation}; a failed call "
         "changes nothing and says why in error.type and error.message.",
         {"type": "object", "properties": {"session_id": _ID, "name": {"type": "string"},
-                                          "arguments": {"type": ["object", "string"]}},
+                                          "arguments": {"type": ["object", "string"]}, "idempotency_key": _KEY},
          "required": ["session_id", "name"], "additionalProperties": False},
         _call),
+    "send_message": (
+        "Conversation mode: say something to the simulated user. Answers {step, reply, done}; done means the "
+        "user ended the conversation.",
+        {"type": "object", "properties": {"session_id": _ID, "content": {"type": "string", "minLength": 1},
+                                          "idempotency_key": _KEY},
+         "required": ["session_id", "content"], "additionalProperties": False},
+        _message),
     "score_session": (
         "Score a session against its scenario's checks: {reward, passed, total, checks}. The session goes on.",
         {"type": "object", "properties": {"session_id": _ID}, "required": ["session_id"],
@@ -186,7 +229,7 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
         return types.CallToolResult(content=[types.TextContent(type="text", text=f"Error ({problem['type']}): "
                                                                                  f"{exc.detail}")],
                                     structured_content={"problem": problem}, is_error=True)
-    if params.name == "call_tool":
+    if isinstance(answer, Applied):
         return call_result(answer)
     return types.CallToolResult(content=[types.TextContent(type="text", text=_json(answer))],
                                 structured_content=answer)
@@ -203,7 +246,8 @@ def _json(value: Any) -> str:
 
 def service_server() -> Server[Any]:
     return Server("envfoundry", version="1.0.0",
-                  instructions="Run whole episodes: list_scenarios, create_session, call_tool, score_session.",
+                  instructions="Run whole episodes: list_scenarios, create_session, call_tool (or send_message in "
+                               "conversation mode), score_session.",
                   on_list_tools=_list_service_tools, on_call_tool=_call_service_tool)
 
 

@@ -130,7 +130,7 @@ async def test_the_service_endpoint_runs_a_whole_episode(server: Server, client:
     """An MCP-only agent lists scenarios, creates a session, calls its tools and scores it."""
     async with Client(f"{server.url}/v1/mcp") as mcp:
         assert {t.name for t in (await mcp.list_tools()).tools} == {"list_scenarios", "create_session",
-                                                                    "call_tool", "score_session"}
+                                                                    "call_tool", "send_message", "score_session"}
         listed = await mcp.call_tool("list_scenarios", {"env_id": "library_circulation"})
         assert listed.structured_content is not None
         assert SCENARIO in [s["scenario_id"] for s in listed.structured_content["scenarios"]]
@@ -161,3 +161,28 @@ async def test_the_service_endpoint_explains_bad_requests_as_tool_errors(server:
     assert untyped.structured_content["error"]["type"] == "invalid_arguments"
     assert gone.is_error and gone.structured_content is not None
     assert gone.structured_content["problem"]["status"] == 404
+
+
+async def test_an_idempotency_key_in_meta_applies_a_call_once(server: Server, client: httpx.Client) -> None:
+    """A retried tools/call with the same key answers the first step; the same key with other arguments is refused."""
+    session_id = new_session(client)
+    call = _first_call()
+    meta = {"envfoundry/idempotency-key": "retry-1"}
+    async with Client(mcp_url(server, session_id)) as mcp:
+        first = await mcp.call_tool(**call, meta=meta)
+        again = await mcp.call_tool(**call, meta=meta)
+        with pytest.raises(MCPError) as reused:
+            await mcp.call_tool(call["name"], {"loan_id": "L0001"}, meta=meta)
+    assert first.structured_content == again.structured_content
+    assert "envfoundry/replayed" not in (first.meta or {})
+    assert again.meta is not None and again.meta["envfoundry/replayed"] is True
+    assert reused.value.error.data["type"] == "urn:envfoundry:problem:idempotency-key-reused"
+    assert client.get(f"/v1/sessions/{session_id}").json()["steps"] == 1
+
+
+async def test_send_message_explains_a_task_mode_session(server: Server, client: httpx.Client) -> None:
+    session_id = new_session(client)
+    async with Client(f"{server.url}/v1/mcp") as mcp:
+        answer = await mcp.call_tool("send_message", {"session_id": session_id, "content": "hello"})
+    assert answer.is_error and answer.structured_content is not None
+    assert answer.structured_content["problem"]["type"] == "urn:envfoundry:problem:not-conversation"
