@@ -13,6 +13,7 @@ import argparse
 import http.client
 import json
 import re
+import secrets
 import select
 import socket
 import sys
@@ -63,9 +64,13 @@ def match(expected: Any, actual: Any, where: str = "body") -> None:
         if not isinstance(actual, dict):
             raise Mismatch(f"{where}: expected an object, got {json.dumps(actual)[:200]}")
         for key, value in expected.items():
-            if key not in actual:
+            if value == {"$absent": True}:
+                if key in actual:
+                    raise Mismatch(f"{where}.{key}: expected absent, got {json.dumps(actual[key])[:200]}")
+            elif key not in actual:
                 raise Mismatch(f"{where}.{key}: missing")
-            match(value, actual[key], f"{where}.{key}")
+            else:
+                match(value, actual[key], f"{where}.{key}")
         return None
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
@@ -149,6 +154,7 @@ def send(base_url: str, request: dict[str, Any], headers: dict[str, str], timeou
         reply = conn.getresponse()
         text = reply.read().decode("utf-8")
         return {"status": reply.status, "content_type": reply.getheader("content-type", ""),
+                "headers": {name.lower(): value for name, value in reply.getheaders()},
                 "body": json.loads(text) if text else None}
     finally:
         conn.close()
@@ -175,12 +181,14 @@ def check(expect: dict[str, Any], response: dict[str, Any]) -> None:
                        f"{json.dumps(response['body'])[:300]}")
     if "content_type" in expect and response["content_type"].split(";")[0].strip() != expect["content_type"]:
         raise Mismatch(f"content-type: expected {expect['content_type']}, got {response['content_type']}")
+    if "headers" in expect:
+        match(expect["headers"], response["headers"], "headers")
     if "body" in expect:
         match(expect["body"], response["body"])
 
 
 def run(base_url: str, cases: list[dict[str, Any]], headers: dict[str, str], timeout: float = 60.0) -> int:
-    captured: dict[str, Any] = {}
+    captured: dict[str, Any] = {"run_id": secrets.token_hex(8)}
     failed = 0
     for case in cases:
         try:

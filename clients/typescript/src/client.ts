@@ -19,6 +19,11 @@ export type SessionInfo = Schemas["SessionInfo"];
 export type ToolList = Schemas["ToolList"];
 export type ToolCallRequest = Schemas["ToolCallRequest"];
 export type CallResult = Schemas["CallResult"];
+export type ForkRequest = Schemas["ForkRequest"];
+export type MessageRequest = Schemas["MessageRequest"];
+export type MessageResult = Schemas["MessageResult"];
+export type Step = Schemas["Step"];
+export type MessageStep = Schemas["MessageStep"];
 export type StateView = Schemas["StateView"];
 export type Trajectory = Schemas["Trajectory"];
 export type Score = Schemas["Score"];
@@ -29,7 +34,19 @@ export interface Reply {
   path: string;
   status: number;
   contentType: string;
+  /** Lower-case names; e.g. `idempotent-replayed: true` when a keyed retry got the first answer. */
+  headers: Record<string, string>;
   body: unknown;
+}
+
+/** Options of the requests that change a session. */
+export interface Once {
+  /** Sent as `Idempotency-Key`: a retry with the same key and body gets the first answer, applied once. */
+  idempotencyKey?: string;
+}
+
+function keyed(once: Once | undefined): Record<string, string> | undefined {
+  return once?.idempotencyKey === undefined ? undefined : { "idempotency-key": once.idempotencyKey };
 }
 
 export interface RequestInit {
@@ -93,9 +110,13 @@ export class EnvfoundryClient {
   }
 
   // -- sessions -----------------------------------------------------------------------------
-  /** `{scenario_id}` or `{env_id, init_config?}`: the answer carries the task, the rules and the tools. */
-  createSession(body: SessionCreate): Promise<SessionCreated> {
-    return this.json("POST", "/v1/sessions", { json: body });
+  /**
+   * `{scenario_id}` or `{env_id, init_config?}`: the answer carries the task, the rules and the tools.
+   * `n` makes a group from one initial state (`session_ids`); `mode: "conversation"` puts a simulated
+   * user in front of the task (talk to it with `message`).
+   */
+  createSession(body: SessionCreate, once?: Once): Promise<SessionCreated> {
+    return this.json("POST", "/v1/sessions", { json: body, headers: keyed(once) });
   }
 
   getSession(sessionId: string): Promise<SessionInfo> {
@@ -111,21 +132,35 @@ export class EnvfoundryClient {
    * why (`unknown_tool`, `invalid_arguments`, `tool_exception`, `timeout`, ...), and the state is
    * as before. `args` may be an object or the JSON string an OpenAI tool call carries.
    */
-  call(sessionId: string, name: string, args: Record<string, unknown> | string = {}): Promise<CallResult> {
-    return this.callWith(sessionId, { name, arguments: args });
+  call(sessionId: string, name: string, args: Record<string, unknown> | string = {}, once?: Once): Promise<CallResult> {
+    return this.callWith(sessionId, { name, arguments: args }, once);
   }
 
   /** `call` with the request body as the API defines it. */
-  callWith(sessionId: string, body: ToolCallRequest): Promise<CallResult> {
-    return this.json("POST", `/v1/sessions/${seg(sessionId)}/calls`, { json: body });
+  callWith(sessionId: string, body: ToolCallRequest, once?: Once): Promise<CallResult> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/calls`, { json: body, headers: keyed(once) });
+  }
+
+  /** Conversation mode: say something to the simulated user; `done` means it ended the conversation. */
+  message(sessionId: string, content: string, once?: Once): Promise<MessageResult> {
+    return this.messageWith(sessionId, { content }, once);
+  }
+
+  messageWith(sessionId: string, body: MessageRequest, once?: Once): Promise<MessageResult> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/messages`, { json: body, headers: keyed(once) });
   }
 
   state(sessionId: string): Promise<StateView> {
     return this.json("GET", `/v1/sessions/${seg(sessionId)}/state`);
   }
 
-  trajectory(sessionId: string): Promise<Trajectory> {
-    return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory`);
+  /** A page of steps (`offset` 0 and the service's largest page by default) with the whole `total`. */
+  trajectory(sessionId: string, page: { offset?: number; limit?: number } = {}): Promise<Trajectory> {
+    const query = new URLSearchParams();
+    if (page.offset !== undefined) query.set("offset", String(page.offset));
+    if (page.limit !== undefined) query.set("limit", String(page.limit));
+    const suffix = query.size ? `?${query}` : "";
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory${suffix}`);
   }
 
   /** Score against the scenario's checks; the session goes on. */
@@ -133,9 +168,9 @@ export class EnvfoundryClient {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/score`);
   }
 
-  /** A new, independent session with a copy of the state and trajectory. */
-  fork(sessionId: string): Promise<SessionCreated> {
-    return this.json("POST", `/v1/sessions/${seg(sessionId)}/fork`);
+  /** New, independent sessions (`n`, default 1) with a copy of the state and trajectory. */
+  fork(sessionId: string, body?: ForkRequest, once?: Once): Promise<SessionCreated> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/fork`, { json: body, headers: keyed(once) });
   }
 
   async deleteSession(sessionId: string): Promise<void> {
@@ -166,7 +201,11 @@ export class EnvfoundryClient {
     });
     const text = await response.text();
     const contentType = response.headers.get("content-type") ?? "";
-    const reply: Reply = { method, path, status: response.status, contentType, body: parse(text, contentType) };
+    const replyHeaders: Record<string, string> = {};
+    response.headers.forEach((value, name) => (replyHeaders[name.toLowerCase()] = value));
+    const reply: Reply = {
+      method, path, status: response.status, contentType, headers: replyHeaders, body: parse(text, contentType),
+    };
     this.options.onReply?.(reply);
     return reply;
   }

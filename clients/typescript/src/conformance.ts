@@ -7,9 +7,10 @@
  * node:http for `body_size` (fetch cannot wait for `100 Continue`).
  */
 import { request as httpRequest } from "node:http";
+import { randomUUID } from "node:crypto";
 import { request as httpsRequest } from "node:https";
 
-import { EnvfoundryClient, type Reply } from "./client.js";
+import { EnvfoundryClient, type Once, type Reply } from "./client.js";
 import { ProblemError } from "./problem.js";
 
 export interface Case {
@@ -22,7 +23,7 @@ export interface Case {
     body_size?: number;
     headers?: Record<string, string>;
   };
-  expect: { status: number; content_type?: string; body?: unknown };
+  expect: { status: number; content_type?: string; headers?: Record<string, unknown>; body?: unknown };
   capture?: Record<string, string>;
 }
 
@@ -37,7 +38,14 @@ export interface Outcome {
 export class Mismatch extends Error {}
 
 type Json = Record<string, unknown>;
-type Route = [string, RegExp, (client: EnvfoundryClient, ids: string[], json: unknown) => Promise<unknown>];
+type Route = [string, RegExp,
+  (client: EnvfoundryClient, ids: string[], json: unknown, once: Once | undefined, query: URLSearchParams) => Promise<unknown>];
+
+function page(query: URLSearchParams): { offset?: number; limit?: number } {
+  const offset = query.get("offset");
+  const limit = query.get("limit");
+  return { ...(offset === null ? {} : { offset: Number(offset) }), ...(limit === null ? {} : { limit: Number(limit) }) };
+}
 const ID = "([^/]+)";
 const ROUTES: Route[] = [
   ["GET", /^\/healthz$/, (c) => c.health()],
@@ -47,21 +55,22 @@ const ROUTES: Route[] = [
   ["GET", new RegExp(`^/v1/environments/${ID}/scenarios$`), (c, [id]) => c.listScenarios(id!)],
   ["GET", new RegExp(`^/v1/scenarios/${ID}$`), (c, [id]) => c.getScenario(id!)],
   ["POST", /^\/v1\/scenarios$/, (c, _, j) => c.createScenario(j as never)],
-  ["POST", /^\/v1\/sessions$/, (c, _, j) => c.createSession(j as never)],
+  ["POST", /^\/v1\/sessions$/, (c, _, j, o) => c.createSession(j as never, o)],
   ["GET", new RegExp(`^/v1/sessions/${ID}$`), (c, [id]) => c.getSession(id!)],
   ["DELETE", new RegExp(`^/v1/sessions/${ID}$`), (c, [id]) => c.deleteSession(id!)],
   ["GET", new RegExp(`^/v1/sessions/${ID}/tools$`), (c, [id]) => c.tools(id!)],
-  ["POST", new RegExp(`^/v1/sessions/${ID}/calls$`), (c, [id], j) => c.callWith(id!, j as never)],
+  ["POST", new RegExp(`^/v1/sessions/${ID}/calls$`), (c, [id], j, o) => c.callWith(id!, j as never, o)],
+  ["POST", new RegExp(`^/v1/sessions/${ID}/messages$`), (c, [id], j, o) => c.messageWith(id!, j as never, o)],
   ["GET", new RegExp(`^/v1/sessions/${ID}/state$`), (c, [id]) => c.state(id!)],
-  ["GET", new RegExp(`^/v1/sessions/${ID}/trajectory$`), (c, [id]) => c.trajectory(id!)],
+  ["GET", new RegExp(`^/v1/sessions/${ID}/trajectory$`), (c, [id], _, __, q) => c.trajectory(id!, page(q))],
   ["POST", new RegExp(`^/v1/sessions/${ID}/score$`), (c, [id]) => c.score(id!)],
-  ["POST", new RegExp(`^/v1/sessions/${ID}/fork$`), (c, [id]) => c.fork(id!)],
+  ["POST", new RegExp(`^/v1/sessions/${ID}/fork$`), (c, [id], j, o) => c.fork(id!, j as never, o)],
 ];
 
 export async function runConformance(baseUrl: string, cases: Case[], headers: Record<string, string> = {}): Promise<Outcome> {
   let last: Reply | undefined;
   const client = new EnvfoundryClient(baseUrl, { headers, onReply: (reply) => (last = reply) });
-  const captured: Json = {};
+  const captured: Json = { run_id: randomUUID() };
   const outcome: Outcome = { passed: 0, failed: 0, typed: 0, lines: [] };
   for (const item of cases) {
     try {
@@ -92,7 +101,10 @@ export async function runConformance(baseUrl: string, cases: Case[], headers: Re
 }
 
 function typedRoute(request: Case["request"]): [Route, string[]] | undefined {
-  if (request.body !== undefined || request.body_size !== undefined || request.headers) return undefined;
+  const headers = Object.keys(request.headers ?? {}).map((name) => name.toLowerCase());
+  if (request.body !== undefined || request.body_size !== undefined || headers.some((h) => h !== "idempotency-key")) {
+    return undefined;
+  }
   const path = request.path.split("?")[0]!;
   for (const route of ROUTES) {
     const found = route[0] === request.method ? route[1].exec(path) : null;
@@ -105,14 +117,17 @@ async function throughMethod(client: EnvfoundryClient, [route, ids]: [Route, str
                              observed: () => Reply | undefined): Promise<Reply> {
   let answer: unknown;
   let thrown: unknown;
+  const key = Object.entries(request.headers ?? {}).find(([name]) => name.toLowerCase() === "idempotency-key")?.[1];
+  const query = new URLSearchParams(request.path.split("?")[1] ?? "");
   try {
-    answer = await route[2](client, ids, request.json);
+    answer = await route[2](client, ids, request.json, key === undefined ? undefined : { idempotencyKey: key }, query);
   } catch (error) {
     thrown = error;
   }
   const reply = observed();
   if (!reply) throw thrown ?? new Mismatch("the method sent no request");
-  if (reply.method !== request.method || reply.path.split("?")[0] !== encodePath(request.path)) {
+  if (reply.method !== request.method || reply.path.split("?")[0] !== encodePath(request.path)
+      || new URLSearchParams(reply.path.split("?")[1] ?? "").toString() !== query.toString()) {
     throw new Mismatch(`the method sent ${reply.method} ${reply.path}, the case ${request.method} ${request.path}`);
   }
   const success = reply.status >= 200 && reply.status < 300;
@@ -149,8 +164,9 @@ function sendOversized(baseUrl: string, request: Case["request"], headers: Recor
       response.on("end", () => {
         const text = Buffer.concat(chunks).toString("utf8");
         const contentType = String(response.headers["content-type"] ?? "");
+        const replyHeaders = Object.fromEntries(Object.entries(response.headers).map(([k, v]) => [k, String(v)]));
         resolve({ method: request.method, path: request.path, status: response.statusCode ?? 0, contentType,
-                  body: text ? JSON.parse(text) : undefined });
+                  headers: replyHeaders, body: text ? JSON.parse(text) : undefined });
         req.destroy();
       });
     });
@@ -195,8 +211,14 @@ export function match(expected: unknown, actual: unknown, where = "body"): void 
       throw new Mismatch(`${where}: expected an object, got ${show(actual)}`);
     }
     for (const key of keys) {
-      if (!(key in actual)) throw new Mismatch(`${where}.${key}: missing`);
-      match((expected as Json)[key], (actual as Json)[key], `${where}.${key}`);
+      const wanted = (expected as Json)[key];
+      if (isAbsent(wanted)) {
+        if (key in actual) throw new Mismatch(`${where}.${key}: expected absent, got ${show((actual as Json)[key])}`);
+      } else if (!(key in actual)) {
+        throw new Mismatch(`${where}.${key}: missing`);
+      } else {
+        match(wanted, (actual as Json)[key], `${where}.${key}`);
+      }
     }
     return;
   }
@@ -208,6 +230,10 @@ export function match(expected: unknown, actual: unknown, where = "body"): void 
     return;
   }
   if (expected !== actual) throw new Mismatch(`${where}: expected ${JSON.stringify(expected)}, got ${show(actual)}`);
+}
+
+function isAbsent(value: unknown): boolean {
+  return value !== null && typeof value === "object" && Object.keys(value).length === 1 && (value as Json).$absent === true;
 }
 
 function matcher(name: string, arg: unknown, actual: unknown, where: string): void {
@@ -256,11 +282,12 @@ function check(expect: Case["expect"], reply: Reply): void {
   if (expect.content_type !== undefined && media !== expect.content_type) {
     throw new Mismatch(`content-type: expected ${expect.content_type}, got ${reply.contentType}`);
   }
+  if (expect.headers !== undefined) match(expect.headers, reply.headers, "headers");
   if ("body" in expect) match(expect.body, reply.body);
 }
 
 function capture(path: string, reply: Reply): unknown {
-  let value: unknown = { status: reply.status, content_type: reply.contentType, body: reply.body };
+  let value: unknown = { status: reply.status, content_type: reply.contentType, headers: reply.headers, body: reply.body };
   for (const part of path.split(".")) {
     if (value === null || typeof value !== "object" || !(part in value)) throw new Mismatch(`nothing at ${path} to capture`);
     value = (value as Json)[part];

@@ -8,7 +8,12 @@
  *     ├── ConflictError            409 urn:envfoundry:problem:conflict
  *     ├── SessionBusyError         409 urn:envfoundry:problem:session-busy
  *     ├── PayloadTooLargeError     413 urn:envfoundry:problem:payload-too-large
- *     └── UnavailableError         503 urn:envfoundry:problem:unavailable
+ *     ├── IdempotencyKeyReusedError 422 urn:envfoundry:problem:idempotency-key-reused
+ *     ├── NotConversationError     409 urn:envfoundry:problem:not-conversation
+ *     ├── ConversationEndedError   409 urn:envfoundry:problem:conversation-ended
+ *     ├── UserLLMFailedError       502 urn:envfoundry:problem:user-llm-failed
+ *     ├── UnavailableError         503 urn:envfoundry:problem:unavailable
+ *     └── UserLLMUnavailableError  503 urn:envfoundry:problem:user-llm-unavailable
  *
  * Tool failures are not errors: a call answers `ok: false` with `error.type` (HTTP 200).
  */
@@ -55,7 +60,12 @@ export class InvalidEnvironmentError extends ProblemError {}
 export class ConflictError extends ProblemError {}
 export class SessionBusyError extends ProblemError {}
 export class PayloadTooLargeError extends ProblemError {}
+export class IdempotencyKeyReusedError extends ProblemError {}
+export class NotConversationError extends ProblemError {}
+export class ConversationEndedError extends ProblemError {}
+export class UserLLMFailedError extends ProblemError {}
 export class UnavailableError extends ProblemError {}
+export class UserLLMUnavailableError extends ProblemError {}
 
 const BY_SLUG: Record<string, new (status: number, body: Record<string, unknown>) => ProblemError> = {
   "not-found": NotFoundError,
@@ -64,8 +74,16 @@ const BY_SLUG: Record<string, new (status: number, body: Record<string, unknown>
   conflict: ConflictError,
   "session-busy": SessionBusyError,
   "payload-too-large": PayloadTooLargeError,
+  "idempotency-key-reused": IdempotencyKeyReusedError,
+  "not-conversation": NotConversationError,
+  "conversation-ended": ConversationEndedError,
+  "user-llm-failed": UserLLMFailedError,
   unavailable: UnavailableError,
+  "user-llm-unavailable": UserLLMUnavailableError,
 };
+
+/** Problems worth retrying as they are: the same request may succeed later (the service adds Retry-After). */
+export const RETRYABLE = new Set(["session-busy", "unavailable", "user-llm-failed"]);
 
 /** The typed error for a failed response; a body that is not a problem still gives a ProblemError. */
 export function problemError(status: number, body: unknown): ProblemError {

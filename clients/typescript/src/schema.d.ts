@@ -176,6 +176,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/messages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send Message */
+        post: operations["send_message_v1_sessions__session_id__messages_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/score": {
         parameters: {
             query?: never;
@@ -301,14 +318,14 @@ export interface components {
              * Introduction
              * @default
              */
-            introduction: string;
+            introduction?: string;
             /** Rules */
             rules?: string[];
             /**
              * Summary
              * @default
              */
-            summary: string;
+            summary?: string;
         };
         /** EnvironmentDetail */
         EnvironmentDetail: {
@@ -348,10 +365,64 @@ export interface components {
             /** Tool Count */
             tool_count: number;
         };
+        /** ForkRequest */
+        ForkRequest: {
+            /**
+             * N
+             * @description How many forks to make; all or none. At most max_group.
+             * @default 1
+             */
+            n?: number;
+        };
         /** Health */
         Health: {
             /** Status */
             status: string;
+        };
+        /** MessageRequest */
+        MessageRequest: {
+            /**
+             * Content
+             * @description The agent's message to the user.
+             */
+            content: string;
+        };
+        /** MessageResult */
+        MessageResult: {
+            /**
+             * Done
+             * @description The user ended the conversation (it emitted its stop signal).
+             */
+            done: boolean;
+            /**
+             * Reply
+             * @description The simulated user's answer.
+             */
+            reply: string;
+            /** Step */
+            step: number;
+        };
+        /** MessageStep */
+        MessageStep: {
+            /**
+             * Content
+             * @description The agent's message.
+             */
+            content: string;
+            /** Done */
+            done: boolean;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            kind: "message";
+            /**
+             * Reply
+             * @description The simulated user's answer.
+             */
+            reply: string;
+            /** Step */
+            step: number;
         };
         /** Problem */
         Problem: {
@@ -440,6 +511,19 @@ export interface components {
             init_config?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Mode
+             * @description 'conversation': a simulated user holds the scenario's task and reveals it through POST /messages; needs scenario_id.
+             * @default task
+             * @enum {string}
+             */
+            mode?: "task" | "conversation";
+            /**
+             * N
+             * @description How many sessions to create from the same initial state (a group for GRPO-style rollouts); all or none. At most the service's max_group.
+             * @default 1
+             */
+            n?: number;
             /** Scenario Id */
             scenario_id?: string | null;
         };
@@ -449,18 +533,39 @@ export interface components {
             env_id: string;
             /** Introduction */
             introduction: string;
+            /**
+             * Mode
+             * @enum {string}
+             */
+            mode: "task" | "conversation";
             /** Rules */
             rules: string[];
             /** Scenario Id */
             scenario_id: string | null;
-            /** Session Id */
+            /**
+             * Session Id
+             * @description The first of session_ids.
+             */
             session_id: string;
-            /** Task */
+            /**
+             * Session Ids
+             * @description Every session made by this request, in order.
+             */
+            session_ids: string[];
+            /**
+             * Task
+             * @description The task; null in conversation mode, where the simulated user holds it.
+             */
             task: string | null;
             /** Tools */
             tools: {
                 [key: string]: unknown;
             }[];
+            /**
+             * User Message
+             * @description Conversation mode: the simulated user's opening message.
+             */
+            user_message: string | null;
         };
         /** SessionInfo */
         SessionInfo: {
@@ -469,6 +574,11 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
+            /**
+             * Done
+             * @description Conversation mode: the simulated user has ended the conversation.
+             */
+            done: boolean;
             /** Env Id */
             env_id: string;
             /**
@@ -476,6 +586,11 @@ export interface components {
              * Format: date-time
              */
             expires_at: string;
+            /**
+             * Mode
+             * @enum {string}
+             */
+            mode: "task" | "conversation";
             /**
              * Parent Id
              * @description The session this one was forked from.
@@ -518,6 +633,11 @@ export interface components {
             arguments: unknown;
             diff: components["schemas"]["StateDiff"];
             error?: components["schemas"]["CallError"] | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            kind: "call";
             /** Name */
             name: string;
             /** Observation */
@@ -559,8 +679,18 @@ export interface components {
         };
         /** Trajectory */
         Trajectory: {
+            /**
+             * Offset
+             * @description Index of the first step of this page.
+             */
+            offset: number;
             /** Steps */
-            steps: components["schemas"]["Step"][];
+            steps: (components["schemas"]["Step"] | components["schemas"]["MessageStep"])[];
+            /**
+             * Total
+             * @description Steps in the whole trajectory.
+             */
+            total: number;
         };
     };
     responses: never;
@@ -621,6 +751,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -691,6 +831,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -773,6 +923,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -845,6 +1005,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -909,6 +1079,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -991,6 +1171,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1063,6 +1253,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1078,7 +1278,10 @@ export interface operations {
     create_session_v1_sessions_post: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Retries with the same key and body return the first answer and apply nothing twice. */
+                "Idempotency-Key"?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -1129,6 +1332,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1209,6 +1422,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1279,6 +1502,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1294,7 +1527,10 @@ export interface operations {
     call_tool_v1_sessions__session_id__calls_post: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Retries with the same key and body return the first answer and apply nothing twice. */
+                "Idempotency-Key"?: string | null;
+            };
             path: {
                 session_id: string;
             };
@@ -1355,6 +1591,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1370,13 +1616,20 @@ export interface operations {
     fork_session_v1_sessions__session_id__fork_post: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Retries with the same key and body return the first answer and apply nothing twice. */
+                "Idempotency-Key"?: string | null;
+            };
             path: {
                 session_id: string;
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"] | null;
+            };
+        };
         responses: {
             /** @description Successful Response */
             201: {
@@ -1419,6 +1672,105 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
+    send_message_v1_sessions__session_id__messages_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Retries with the same key and body return the first answer and apply nothing twice. */
+                "Idempotency-Key"?: string | null;
+            };
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MessageRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MessageResult"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1499,6 +1851,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1563,6 +1925,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1643,6 +2015,16 @@ export interface operations {
                     "application/problem+json": unknown;
                 };
             };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
             /** @description Unavailable */
             503: {
                 headers: {
@@ -1657,7 +2039,10 @@ export interface operations {
     };
     get_trajectory_v1_sessions__session_id__trajectory_get: {
         parameters: {
-            query?: never;
+            query?: {
+                offset?: number;
+                limit?: number;
+            };
             header?: never;
             path: {
                 session_id: string;
@@ -1707,6 +2092,16 @@ export interface operations {
             };
             /** @description Invalid request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };

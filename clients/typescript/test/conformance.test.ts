@@ -51,6 +51,8 @@ test("matchers follow the rules of openapi/conformance/README.md", () => {
     [{ $contains: [{ k: 3 }] }, [{ k: 2 }], false],
     [{ $length: 2 }, [0, 0], true],
     [{ $present: true }, null, true],
+    [{ a: { $absent: true } }, { b: 1 }, true],
+    [{ a: { $absent: true } }, { a: null }, false],
     [null, false, false],
   ];
   for (const [expected, actual, ok] of holds) {

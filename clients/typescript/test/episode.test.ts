@@ -3,7 +3,15 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 
-import { EnvfoundryClient, InvalidRequestError, NotFoundError, ProblemError } from "../src/index.js";
+import {
+  EnvfoundryClient,
+  IdempotencyKeyReusedError,
+  InvalidRequestError,
+  NotConversationError,
+  NotFoundError,
+  ProblemError,
+  type Reply,
+} from "../src/index.js";
 import { ROOT, startServer, type Running } from "./server.js";
 
 interface ToolCall {
@@ -41,7 +49,10 @@ describe("the typed client against a live server", () => {
     const state = await client.state(session.session_id);
     assert.equal(state.step, solution.length);
     const trajectory = await client.trajectory(session.session_id);
-    assert.deepEqual(trajectory.steps.map((s) => s.name), solution.map((c) => c.name));
+    assert.deepEqual(trajectory.steps.map((s) => (s.kind === "message" ? "message" : s.name)), solution.map((c) => c.name));
+    assert.equal(trajectory.total, solution.length);
+    const second = await client.trajectory(session.session_id, { offset: 1, limit: 1 });
+    assert.deepEqual([second.steps.length, second.steps[0]?.step, second.total, second.offset], [1, 2, 3, 1]);
     const score = await client.score(session.session_id);
     assert.deepEqual([score.reward, score.passed, score.total], [1, 3, 3]);
 
@@ -54,6 +65,26 @@ describe("the typed client against a live server", () => {
     await client.deleteSession(fork.session_id);
     await assert.rejects(client.getSession(fork.session_id), NotFoundError);
     await client.deleteSession(session.session_id);
+  });
+
+  test("groups, forks of a group and idempotent retries", async () => {
+    const replies: Reply[] = [];
+    const watched = new EnvfoundryClient(server.url, { onReply: (reply) => replies.push(reply) });
+    const group = await watched.createSession({ scenario_id: "lib-001", n: 3 });
+    assert.equal(group.session_ids.length, 3);
+    assert.equal(group.session_ids[0], group.session_id);
+    const forks = await watched.fork(group.session_ids[2]!, { n: 2 });
+    assert.equal(forks.session_ids.length, 2);
+
+    const key = `retry-${Date.now()}`;
+    const first = await watched.call(group.session_id, "return_book", { loan_id: "L0003" }, { idempotencyKey: key });
+    const again = await watched.call(group.session_id, "return_book", { loan_id: "L0003" }, { idempotencyKey: key });
+    assert.deepEqual(again, first);
+    assert.equal(replies.at(-1)?.headers["idempotent-replayed"], "true");
+    await assert.rejects(watched.call(group.session_id, "renew_loan", { loan_id: "L0001" }, { idempotencyKey: key }),
+                         IdempotencyKeyReusedError);
+    assert.equal((await watched.getSession(group.session_id)).steps, 1);
+    await assert.rejects(watched.message(group.session_id, "hello"), NotConversationError);
   });
 
   test("a tool failure is an answer with error.type, not an exception, and changes nothing", async () => {
