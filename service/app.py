@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sandbox.pool import Backend, WorkerPool
 from service import mcp, problems
 from service.api import router
+from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit
 from service.registry import Registry
@@ -76,6 +77,7 @@ def make_user(settings: Settings) -> UserSimulator | None:
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     """The app; ``catalog`` is loaded from ``settings`` at start-up unless given."""
     settings = settings or Settings()
+    keys = KeyRing.load(settings.api_keys, settings.api_keys_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,9 +86,11 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         await store.ping()
         pool = make_pool(settings)
         await pool.start()
-        registry = Registry(loaded, store, pool)
+        registry = Registry(loaded, store, pool, max_environments=settings.max_environments,
+                            max_scenarios=settings.max_scenarios)
         user = make_user(settings)
         app.state.settings = settings
+        app.state.keys = keys
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry

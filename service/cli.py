@@ -28,8 +28,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app, load_catalog
 
+    from service.auth import KeyFileError, KeyRing
+
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        keys = KeyRing.load(settings.api_keys, settings.api_keys_file)
+    except KeyFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not keys.enabled:
+        if not _loopback(settings.host):
+            print(f"error: refusing to listen on {settings.host} without API keys: anyone who reaches the port could "
+                  "submit code. Set ENVFOUNDRY_API_KEYS or ENVFOUNDRY_API_KEYS_FILE (envfoundry keys new prints a "
+                  "key), or listen on 127.0.0.1.", file=sys.stderr)
+            return 2
+        print("no API keys configured: listening on loopback only; every client has every scope", flush=True)
     catalog = load_catalog(settings)  # before binding the port: a missing folder is a plain error
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
@@ -60,6 +74,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     return asyncio.run(run())
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    import re
+
+    from service.auth import new_key
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.tenant):
+        print("error: --tenant: 1 to 64 letters, digits, '_', '.' or '-'", file=sys.stderr)
+        return 2
+    key, line = new_key(args.tenant, sorted(set(args.scope or ["run"])))
+    print(f"key (give it to the client; it is not stored anywhere): {key}")
+    print(f"line (add it to ENVFOUNDRY_API_KEYS_FILE or ENVFOUNDRY_API_KEYS): {line}")
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -132,6 +171,11 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--envs-out", required=True, metavar="ENVS.json")
     exp.add_argument("--scenarios-out", required=True, metavar="SCENARIOS.json")
     exp.set_defaults(run=cmd_export)
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    new = keys.add_parser("new", help="print a fresh API key and the hashed line that grants it")
+    new.add_argument("--tenant", required=True, help="the tenant the key acts for (letters, digits, _ . -)")
+    new.add_argument("--scope", action="append", choices=["run", "admin"], help="repeatable; default: run")
+    new.set_defaults(run=cmd_keys_new)
     from synthesis.cli import add_parser as add_synth_parser
 
     add_synth_parser(sub)

@@ -42,10 +42,8 @@ class Keys:
         """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
         return f"{self.prefix}:request:{name}"
 
-    @property
-    def environments(self) -> str:
-        return f"{self.prefix}:catalog:environments"
-
-    @property
-    def scenarios(self) -> str:
-        return f"{self.prefix}:catalog:scenarios"
+    def records(self, kind: str, tenant: str = "") -> str:
+        """A tenant's catalog records of ``kind`` ('environments' or 'scenarios'), one hash."""
+        if kind not in ("environments", "scenarios"):
+            raise ValueError(f"unknown record kind {kind!r}")
+        return f"{self.prefix}:catalog:{tenant + ':' if tenant else ''}{kind}"

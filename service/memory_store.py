@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
-from service.store import LockTimeout, SessionMeta, Snapshot
+from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot
 
 
 @dataclass
@@ -26,7 +26,7 @@ class MemoryStore:
         self.ttl = ttl
         self._sessions: dict[str, _Entry] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._records: dict[str, dict[str, str]] = {"environments": {}, "scenarios": {}}
+        self._records: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, kind) -> key -> value
         self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
         self._last_sweep = 0.0
 
@@ -135,17 +135,24 @@ class MemoryStore:
             else:
                 self._locks[session_id] = (lock, users - 1)
 
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        existing = self._records[kind].get(key)
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        records = self._records.setdefault((tenant, kind), {})
+        existing = records.get(key)
         if existing is None:
-            self._records[kind][key] = value
+            if limit is not None and len(records) >= limit:
+                raise RecordLimit(f"{kind}: at most {limit}")
+            records[key] = value
         return existing
 
-    async def get_record(self, kind: str, key: str) -> str | None:
-        return self._records[kind].get(key)
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        return self._records.get((tenant, kind), {}).get(key)
 
-    async def all_records(self, kind: str) -> dict[str, str]:
-        return dict(self._records[kind])
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        return dict(self._records.get((tenant, kind), {}))
+
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        return self._records.get((tenant, kind), {}).pop(key, None) is not None
 
     async def ping(self) -> None:
         return None

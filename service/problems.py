@@ -12,7 +12,11 @@
     ├── ConversationEnded   409 conversation-ended   (the simulated user already stopped)
     ├── UserLLMFailed       502 user-llm-failed      (the simulated user's endpoint failed)
     ├── Unavailable         503 unavailable          (sandbox or store down)
-    └── UserLLMUnavailable  503 user-llm-unavailable (no simulated user configured)
+    ├── UserLLMUnavailable  503 user-llm-unavailable (no simulated user configured)
+    ├── Unauthorized        401 unauthorized         (no API key, or an unknown one)
+    ├── Forbidden           403 forbidden            (the key lacks the scope)
+    ├── LimitExceeded       422 limit-exceeded       (a named bound: array length, depth, size...)
+    └── QuotaExceeded       429 quota-exceeded       (a tenant's quota; Retry-After says when to retry)
 
 ``type`` is a stable URN per class; clients branch on it, not on ``detail``.
 """
@@ -27,6 +31,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MEDIA_TYPE = "application/problem+json"
+# Validation problems listed in one answer (the rest are counted in ``errors_omitted``).
+MAX_ERRORS = 20
 # Problems a client may retry as they are (the same request can succeed later).
 RETRYABLE = frozenset({"session-busy", "unavailable", "user-llm-failed"})
 
@@ -112,6 +118,34 @@ class UserLLMFailed(ServiceError):
     title = "Simulated user failed"
 
 
+class Unauthorized(ServiceError):
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
+
+
+class LimitExceeded(ServiceError):
+    """A request over a named bound; ``extra`` carries ``limit`` (its name) and ``value``."""
+
+    status = 422
+    slug = "limit-exceeded"
+    title = "Limit exceeded"
+
+
+class QuotaExceeded(ServiceError):
+    """``extra`` carries ``quota`` (its name), ``value`` and ``retry_after`` (seconds)."""
+
+    status = 429
+    slug = "quota-exceeded"
+    title = "Quota exceeded"
+
+
 class UserLLMUnavailable(ServiceError):
     status = 503
     slug = "user-llm-unavailable"
@@ -124,8 +158,14 @@ def problem_response(status: int, slug: str, title: str, detail: str, instance: 
     if instance:
         body["instance"] = instance
     body.update(extra)
-    headers = {"Retry-After": "1"} if slug in RETRYABLE else None
-    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+    headers: dict[str, str] = {}
+    if slug in RETRYABLE:
+        headers["Retry-After"] = "1"
+    if "retry_after" in extra:
+        headers["Retry-After"] = str(max(1, int(extra["retry_after"] + 0.999)))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers or None)
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -142,10 +182,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        # A body can fail in millions of places; the answer names the first few, never echoes input.
+        raw = exc.errors()
+        errors = [{"field": _field(e.get("loc", ()))[:200], "message": str(e.get("msg", ""))[:500]}
+                  for e in raw[:MAX_ERRORS]]
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         detail = f"{first['field']}: {first['message']}"
-        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, errors=errors)
+        extra: dict[str, Any] = {"errors": errors}
+        if len(raw) > MAX_ERRORS:
+            extra["errors_omitted"] = len(raw) - MAX_ERRORS
+        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, **extra)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

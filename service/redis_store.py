@@ -11,10 +11,10 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from service.keys import Keys
-from service.store import LockTimeout, SessionMeta, Snapshot, StoreError
+from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,8 +40,11 @@ return 0
 """
 
 PUT_RECORD = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return false end
-return redis.call('HGET', KEYS[1], ARGV[1])
+local existing = redis.call('HGET', KEYS[1], ARGV[1])
+if existing then return existing end
+if tonumber(ARGV[3]) >= 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {err = 'record limit'} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false
 """
 
 
@@ -199,23 +202,32 @@ class RedisStore:
             except RedisError:
                 pass  # the lease expires by itself
 
-    @_translated
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        existing = await self._put_record(keys=[self._record_key(kind)], args=[key, value])
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        try:
+            existing = await self._put_record(keys=[self.keys.records(kind, tenant)],
+                                              args=[key, value, -1 if limit is None else limit])
+        except ResponseError as exc:
+            if "record limit" in str(exc):
+                raise RecordLimit(f"{kind}: at most {limit}") from exc
+            raise StoreError(f"redis: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
         return None if existing is None else str(existing)
 
     @_translated
-    async def get_record(self, kind: str, key: str) -> str | None:
-        value = await self.client.hget(self._record_key(kind), key)
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        value = await self.client.hget(self.keys.records(kind, tenant), key)
         return None if value is None else str(value)
 
     @_translated
-    async def all_records(self, kind: str) -> dict[str, str]:
-        records = await self.client.hgetall(self._record_key(kind))
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        records = await self.client.hgetall(self.keys.records(kind, tenant))
         return {str(k): str(v) for k, v in records.items()}
 
-    def _record_key(self, kind: str) -> str:
-        return {"environments": self.keys.environments, "scenarios": self.keys.scenarios}[kind]
+    @_translated
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        return int(await self.client.hdel(self.keys.records(kind, tenant), key)) > 0
 
     @_translated
     async def ping(self) -> None:

@@ -40,23 +40,30 @@ class EnvironmentDetail(BaseModel):
     tools: list[dict[str, Any]] = Field(description="OpenAI function-calling tool schemas.")
 
 
+# Bounds on what clients submit; each is named in the 422 that enforces it.
+MAX_TEXT = 64 * 1024
+MAX_RULES = 100
+MAX_CHECKS = 100
+MAX_SOLUTION_CALLS = 1000
+
+
 class EnvironmentCreate(Strict):
     env_id: str = Field(pattern=ID_PATTERN)
     class_name: str = Field(pattern=IDENTIFIER)
     code: str = Field(min_length=1, max_length=1 << 20)
-    summary: str = ""
-    introduction: str = ""
-    rules: list[str] = Field(default_factory=list)
+    summary: str = Field(default="", max_length=MAX_TEXT)
+    introduction: str = Field(default="", max_length=MAX_TEXT)
+    rules: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=MAX_RULES)
 
 
 # -- scenarios --------------------------------------------------------------------------------
 class CheckItem(Strict):
-    item: str
-    check: str = Field(description="Source defining check_func(final_state) -> bool.")
+    item: str = Field(max_length=4096)
+    check: str = Field(max_length=MAX_TEXT, description="Source defining check_func(final_state) -> bool.")
 
 
 class ToolCallSpec(Strict):
-    name: str
+    name: str = Field(max_length=256)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -81,11 +88,11 @@ class ScenarioDetail(BaseModel):
 
 class ScenarioCreate(Strict):
     scenario_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    env_id: str
-    task: str
+    env_id: str = Field(max_length=128)
+    task: str = Field(max_length=MAX_TEXT)
     init_config: dict[str, Any] = Field(default_factory=dict)
-    checklist: list[CheckItem] = Field(default_factory=list)
-    reference_solution: list[ToolCallSpec] | None = None
+    checklist: list[CheckItem] = Field(default_factory=list, max_length=MAX_CHECKS)
+    reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=MAX_SOLUTION_CALLS)
 
 
 # -- sessions ---------------------------------------------------------------------------------

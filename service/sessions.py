@@ -11,17 +11,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
 from sandbox import codec
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
+from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.problems import (
     Conflict,
     ConversationEnded,
+    LimitExceeded,
     InvalidEnvironment,
     InvalidRequest,
     NotConversation,
@@ -39,8 +38,6 @@ from service.user_llm import UserLLMFailed as UserEndpointFailed
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
-# Echoed argument values and messages are cut here so an error cannot be larger than the request.
-MAX_MESSAGE = 1000
 
 
 @dataclass
@@ -70,13 +67,13 @@ class Sessions:
         self.pool = pool
         self.lock_wait = lock_wait
         self.user = user
-        self._validators: dict[tuple[str, str], Draft202012Validator] = {}
+        self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
         """Create ``n`` sessions sharing one initial state (all or none)."""
-        scenario = await self.registry.scenario(scenario_id) if scenario_id else None
-        env = await self.registry.environment(scenario.env_id if scenario else str(env_id))
+        scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
+        env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
@@ -125,7 +122,20 @@ class Sessions:
         return snap
 
     async def environment_of(self, snap: Snapshot) -> Environment:
-        return await self.registry.environment(snap.meta.env_id)
+        try:
+            return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the environment '{snap.meta.env_id}' of session '{snap.meta.session_id}' was deleted; "
+                           "the session cannot go on") from None
+
+    async def scenario_of(self, snap: Snapshot) -> Scenario | None:
+        if snap.meta.scenario_id is None:
+            return None
+        try:
+            return await self.registry.scenario(snap.meta.scenario_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the scenario '{snap.meta.scenario_id}' of session '{snap.meta.session_id}' was "
+                           "deleted") from None
 
     async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, *,
                    key: str | None = None, tenant: str = "") -> Applied:
@@ -169,7 +179,8 @@ class Sessions:
                     return replay
                 if snap.meta.done:
                     raise ConversationEnded("the simulated user has ended this conversation; score the session")
-                scenario = await self.registry.scenario(str(snap.meta.scenario_id))
+                scenario = await self.scenario_of(snap)
+                assert scenario is not None  # conversation sessions are made from scenarios only
                 exchanges = [Exchange(r["content"], r["reply"]) for r in map(json.loads, snap.trajectory)
                              if r.get("kind") == "message"]
                 try:
@@ -234,16 +245,17 @@ class Sessions:
         return arguments, await self.pool.call(env_code(env), state, name, arguments)
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+        """Raises LimitExceeded: arguments over a bound (nothing is applied)."""
         key = (env.code_hash, tool["function"]["name"])
-        validator = self._validators.get(key)
-        if validator is None:
-            validator = Draft202012Validator(tool["function"].get("parameters") or {"type": "object"})
-            self._validators[key] = validator
-        error = best_match(validator.iter_errors(arguments))
-        if error is None:
-            return _unicode_problem(arguments)
-        where = "/".join(str(p) for p in error.absolute_path)
-        return _cut(f"argument '{where}': {error.message}" if where else error.message)
+        checker = self._checkers.get(key)
+        if checker is None:
+            checker = ArgumentChecker(tool["function"].get("parameters") or {"type": "object"})
+            self._checkers[key] = checker
+        try:
+            problem = checker.problem(arguments)
+        except ArgumentLimit as exc:
+            raise LimitExceeded(str(exc), field="arguments", limit=exc.limit, value=exc.value) from exc
+        return problem or _unicode_problem(arguments)
 
     async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, dict[str, Any]]:
         snap = await self.snapshot(session_id, tenant=tenant)
@@ -261,7 +273,7 @@ class Sessions:
     async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
         snap = await self.snapshot(session_id, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
+        scenario = await self.scenario_of(snap)
         checklist = scenario.checklist if scenario else []
         try:
             results = await self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist])
@@ -276,7 +288,7 @@ class Sessions:
         """``n`` independent copies of the session at its current step (all or none)."""
         snap = await self.snapshot(session_id, trajectory=True, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
+        scenario = await self.scenario_of(snap)
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
@@ -294,10 +306,6 @@ class Sessions:
             return await awaitable
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"
 
 
 def _unicode_problem(value: Any) -> str | None:

@@ -42,9 +42,16 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
     max_result_bytes: int = Field(default=1 << 20, description="Size of a tool's JSON result.")
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
-    max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
+    max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
+                                "hold the event loop for long).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
+    api_keys: str | None = Field(
+        default=None, description="API key lines 'sha256:<hex> <tenant> <scopes>' separated by newlines or ';'."
+    )
+    api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/auth.py).")
+    max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
+    max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."

@@ -26,6 +26,10 @@ class LockTimeout(StoreError):
     """The session stayed busy with other calls for longer than the wait limit."""
 
 
+class RecordLimit(Exception):
+    """A tenant holds as many catalog records of a kind as it may."""
+
+
 def new_session_id() -> str:
     """128 random bits, URL-safe."""
     return "ses_" + secrets.token_urlsafe(16)
@@ -117,14 +121,22 @@ class SessionStore(Protocol):
     def lock(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[None]:
         """Hold the session's call lock; raise LockTimeout after ``wait`` seconds."""
 
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        """Store a catalog record unless ``key`` exists; return the existing value if it does."""
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        """Store a tenant's catalog record unless ``key`` exists; return the existing value if it does.
 
-    async def get_record(self, kind: str, key: str) -> str | None:
-        """A catalog record (``kind`` is 'environments' or 'scenarios')."""
+        Raises:
+            RecordLimit: the tenant already holds ``limit`` records of ``kind``.
+        """
 
-    async def all_records(self, kind: str) -> dict[str, str]:
-        """Every catalog record of ``kind``."""
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        """A catalog record (``kind`` is 'environments' or 'scenarios') of ``tenant``."""
+
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        """Every catalog record of ``kind`` that ``tenant`` holds."""
+
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        """Remove a tenant's record; False when it did not exist."""
 
     async def ping(self) -> None:
         """Raise StoreError when the store is unreachable."""
