@@ -16,6 +16,10 @@ retry answer the first attempt's step (``_meta["envfoundry/replayed"]`` is then 
 ``isError`` and the call record as ``structuredContent``, so ``error.type`` is the one REST
 answers. Service errors (unknown session, busy, unavailable) are JSON-RPC errors whose ``data``
 is the problem+json body REST would send; the connection stays usable after either.
+
+Both endpoints take the API key REST takes (``Authorization: Bearer``, scope ``run``) and see
+only the key's tenant: a request without a valid key is refused over HTTP with the same 401/403
+problem before the MCP transport reads it, and another tenant's session is not found.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from starlette.types import Receive, Scope, Send
 
 from service import idempotency
 from service.api import _created as created_view
-from service.problems import InvalidRequest, ServiceError, problem_type
+from service.auth import Principal
+from service.problems import InvalidRequest, ServiceError, problem_response, problem_type
 from service.sessions import Applied, Sessions
 
 log = logging.getLogger("envfoundry.mcp")
@@ -53,7 +58,8 @@ NOT_FOUND_CODE = -32002
 SERVICE_ERROR_CODE = -32000
 KEY_META = "envfoundry/idempotency-key"
 REPLAYED_META = "envfoundry/replayed"
-Handler = Callable[[Sessions, dict[str, Any]], Awaitable[Any]]
+PRINCIPAL = "envfoundry.principal"
+Handler = Callable[[Sessions, dict[str, Any], str], Awaitable[Any]]
 
 
 def service_error(exc: ServiceError) -> MCPError:
@@ -98,6 +104,12 @@ def _engine(ctx: Any) -> Sessions:
     return ctx.request.app.state.sessions  # type: ignore[no-any-return]
 
 
+def _tenant(ctx: Any) -> str:
+    """The tenant the endpoint authenticated for this HTTP request (see ``_Endpoint``)."""
+    principal: Principal = ctx.request.scope[PRINCIPAL]
+    return principal.tenant
+
+
 def _session_id(ctx: Any) -> str:
     request: Request = ctx.request
     return str(request.path_params["session_id"])
@@ -107,7 +119,7 @@ def _session_id(ctx: Any) -> str:
 async def _list_session_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     engine = _engine(ctx)
     try:
-        env = await engine.environment_of(await engine.snapshot(_session_id(ctx)))
+        env = await engine.environment_of(await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx)))
     except ServiceError as exc:
         raise service_error(exc) from exc
     return types.ListToolsResult(tools=[_mcp_tool(t["function"]) for t in env.tools])
@@ -121,7 +133,8 @@ def _mcp_tool(function: dict[str, Any]) -> types.Tool:
 async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     try:
         key = idempotency_key(params, ctx.request)
-        applied = await _engine(ctx).call(_session_id(ctx), params.name, params.arguments or {}, key=key)
+        applied = await _engine(ctx).call(_session_id(ctx), params.name, params.arguments or {}, key=key,
+                                          tenant=_tenant(ctx))
     except ServiceError as exc:
         raise service_error(exc) from exc
     return call_result(applied)
@@ -134,37 +147,38 @@ def session_server() -> Server[Any]:
 
 
 # -- the service ----------------------------------------------------------------------------
-async def _list_scenarios(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
+async def _list_scenarios(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
     env_id = args.get("env_id")
     if env_id is not None:
-        await engine.registry.environment(env_id)
-    scenarios = [s for s in await engine.registry.scenarios() if env_id is None or s.env_id == env_id]
+        await engine.registry.environment(env_id, tenant)
+    scenarios = [s for s in await engine.registry.scenarios(tenant) if env_id is None or s.env_id == env_id]
     return {"scenarios": [{"scenario_id": s.scenario_id, "env_id": s.env_id, "task": s.task}
                           for s in sorted(scenarios, key=lambda s: s.scenario_id)]}
 
 
-async def _create_session(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
+async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
     # The same rule as the REST body, said here because agents read a plain object schema best.
     if ("scenario_id" in args) == ("env_id" in args):
         raise InvalidRequest("give exactly one of scenario_id or env_id", field="scenario_id")
     if "scenario_id" in args and "init_config" in args:
         raise InvalidRequest("init_config goes with env_id; a scenario brings its own", field="init_config")
     return created_view(await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"),
-                                            mode=args.get("mode", "task")))
+                                            mode=args.get("mode", "task"), tenant=tenant))
 
 
-async def _call(engine: Sessions, args: dict[str, Any]) -> Applied:
+async def _call(engine: Sessions, args: dict[str, Any], tenant: str) -> Applied:
     return await engine.call(args["session_id"], args["name"], args.get("arguments", {}),
-                             key=args.get("idempotency_key"))
+                             key=args.get("idempotency_key"), tenant=tenant)
 
 
-async def _message(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
-    applied = await engine.message(args["session_id"], args["content"], key=args.get("idempotency_key"))
+async def _message(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
+    applied = await engine.message(args["session_id"], args["content"], key=args.get("idempotency_key"),
+                                   tenant=tenant)
     return {k: applied.record[k] for k in ("step", "reply", "done")}
 
 
-async def _score(engine: Sessions, args: dict[str, Any]) -> dict[str, Any]:
-    return await engine.score(args["session_id"])
+async def _score(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
+    return await engine.score(args["session_id"], tenant=tenant)
 
 
 _ID = {"type": "string", "minLength": 1}
@@ -223,7 +237,7 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
         return _failure("invalid_arguments", f"{params.name}: " + (f"argument '{where}': " if where else "")
                         + error.message)
     try:
-        answer = await tool[2](_engine(ctx), arguments)
+        answer = await tool[2](_engine(ctx), arguments, _tenant(ctx))
     except ServiceError as exc:
         problem = _problem(exc)
         return types.CallToolResult(content=[types.TextContent(type="text", text=f"Error ({problem['type']}): "
@@ -253,13 +267,20 @@ def service_server() -> Server[Any]:
 
 # -- mounting -------------------------------------------------------------------------------
 class _Endpoint:
-    """Hands a request to the manager the app's lifespan started (managers cannot be restarted)."""
+    """Authenticates a request as REST does, then hands it to the manager the app's lifespan started."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        manager: StreamableHTTPSessionManager = getattr(scope["app"].state, self.name)
+        state = scope["app"].state
+        try:
+            scope[PRINCIPAL] = state.keys.authenticate(Request(scope).headers.get("authorization"), "run")
+        except ServiceError as exc:
+            await problem_response(exc.status, exc.slug, exc.title, exc.detail, scope.get("path"),
+                                   **exc.extra)(scope, receive, send)
+            return
+        manager: StreamableHTTPSessionManager = getattr(state, self.name)
         await manager.handle_request(scope, receive, send)
 
 

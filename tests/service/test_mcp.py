@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.conftest import BUNDLED, Server
+from service.auth import new_key
+from tests.conftest import BUNDLED, Server, start_server
 
 pytestmark = pytest.mark.anyio
 SCENARIO = "lib-001"
@@ -186,3 +190,44 @@ async def test_send_message_explains_a_task_mode_session(server: Server, client:
         answer = await mcp.call_tool("send_message", {"session_id": session_id, "content": "hello"})
     assert answer.is_error and answer.structured_content is not None
     assert answer.structured_content["problem"]["type"] == "urn:envfoundry:problem:not-conversation"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str, str]]:
+    """A server with API keys for two tenants."""
+    key_a, line_a = new_key("tenant-a", ["run"])
+    key_b, line_b = new_key("tenant-b", ["run"])
+    srv = start_server(tmp_path_factory.mktemp("keyed-mcp"), extra_env={"ENVFOUNDRY_API_KEYS": f"{line_a};{line_b}"})
+    yield srv, key_a, key_b
+    srv.stop()
+
+
+def keyed_client(url: str, http: httpx2.AsyncClient) -> Client:
+    return Client(streamable_http_client(url, http_client=http))
+
+
+async def test_mcp_takes_the_rest_api_key_and_sees_only_its_tenant(keyed_server: tuple[Server, str, str]) -> None:
+    server, key_a, key_b = keyed_server
+    with server.client() as http:
+        created = http.post("/v1/sessions", json={"scenario_id": SCENARIO}, headers={"authorization": f"Bearer {key_a}"})
+        assert created.status_code == 201, created.text
+        session_id = created.json()["session_id"]
+        for path in (f"/v1/sessions/{session_id}/mcp", "/v1/mcp"):
+            refused = http.post(path, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert refused.status_code == 401
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"] == "urn:envfoundry:problem:unauthorized"
+    async with httpx2.AsyncClient(headers={"authorization": f"Bearer {key_a}"}, timeout=60) as owner:
+        async with keyed_client(mcp_url(server, session_id), owner) as mcp:
+            assert len((await mcp.list_tools()).tools) == 10
+            called = await mcp.call_tool(**_first_call())
+            assert called.is_error is False
+    async with httpx2.AsyncClient(headers={"authorization": f"Bearer {key_b}"}, timeout=60) as other:
+        async with keyed_client(mcp_url(server, session_id), other) as mcp:
+            with pytest.raises(MCPError) as hidden:
+                await mcp.call_tool(**_first_call())
+        async with keyed_client(f"{server.url}/v1/mcp", other) as mcp:
+            scored = await mcp.call_tool("score_session", {"session_id": session_id})
+    assert hidden.value.error.data["type"] == "urn:envfoundry:problem:not-found"
+    assert scored.is_error and scored.structured_content is not None
+    assert scored.structured_content["problem"]["status"] == 404
