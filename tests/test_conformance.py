@@ -39,8 +39,9 @@ def test_the_cases_cover_every_error_status_and_problem_type() -> None:
     problems = {(c["expect"]["status"], c["expect"]["body"]["type"]) for c in cases
                 if c["expect"].get("content_type") == "application/problem+json"}
     slugs = {(status, kind.rsplit(":", 1)[1]) for status, kind in problems}
-    assert {(404, "not-found"), (405, "method-not-allowed"), (409, "not-conversation"), (413, "payload-too-large"),
-            (422, "invalid-request"), (422, "idempotency-key-reused"), (503, "user-llm-unavailable")} <= slugs
+    assert {(403, "forbidden"), (404, "not-found"), (405, "method-not-allowed"), (409, "not-conversation"), (413, "payload-too-large"),
+            (422, "invalid-request"), (422, "idempotency-key-reused"), (422, "limit-exceeded"), (422, "invalid-environment"),
+            (503, "user-llm-unavailable")} <= slugs
     kinds = {c["expect"]["body"]["error"]["type"] for c in cases
              if isinstance(c["expect"].get("body"), dict) and isinstance(c["expect"]["body"].get("error"), dict)}
     assert {"unknown_tool", "invalid_arguments"} <= kinds

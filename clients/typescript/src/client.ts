@@ -97,6 +97,11 @@ export class EnvfoundryClient {
     return this.json("POST", "/v1/environments", { json: body });
   }
 
+  /** Remove an environment this key's tenant added (scope `admin`); its sessions cannot go on. */
+  async deleteEnvironment(envId: string): Promise<void> {
+    await this.json("DELETE", `/v1/environments/${seg(envId)}`);
+  }
+
   listScenarios(envId: string): Promise<ScenarioList> {
     return this.json("GET", `/v1/environments/${seg(envId)}/scenarios`);
   }
@@ -107,6 +112,11 @@ export class EnvfoundryClient {
 
   createScenario(body: ScenarioCreate): Promise<ScenarioDetail> {
     return this.json("POST", "/v1/scenarios", { json: body });
+  }
+
+  /** Remove a scenario this key's tenant added (scope `admin`). */
+  async deleteScenario(scenarioId: string): Promise<void> {
+    await this.json("DELETE", `/v1/scenarios/${seg(scenarioId)}`);
   }
 
   // -- sessions -----------------------------------------------------------------------------

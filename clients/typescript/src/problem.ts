@@ -2,6 +2,8 @@
  * Service errors as typed exceptions, one per problem `type` of the API (RFC 9457 problem+json).
  *
  *     ProblemError                 any problem response; `type`, `status`, `detail`, `errors`
+ *     ├── UnauthorizedError        401 urn:envfoundry:problem:unauthorized (no key, or an unknown one)
+ *     ├── ForbiddenError           403 urn:envfoundry:problem:forbidden (the key lacks the scope)
  *     ├── NotFoundError            404 urn:envfoundry:problem:not-found
  *     ├── InvalidRequestError      422 urn:envfoundry:problem:invalid-request (errors[].field)
  *     ├── InvalidEnvironmentError  422 urn:envfoundry:problem:invalid-environment
@@ -9,6 +11,8 @@
  *     ├── SessionBusyError         409 urn:envfoundry:problem:session-busy
  *     ├── PayloadTooLargeError     413 urn:envfoundry:problem:payload-too-large
  *     ├── IdempotencyKeyReusedError 422 urn:envfoundry:problem:idempotency-key-reused
+ *     ├── LimitExceededError       422 urn:envfoundry:problem:limit-exceeded (body.limit names the bound)
+ *     ├── QuotaExceededError       429 urn:envfoundry:problem:quota-exceeded
  *     ├── NotConversationError     409 urn:envfoundry:problem:not-conversation
  *     ├── ConversationEndedError   409 urn:envfoundry:problem:conversation-ended
  *     ├── UserLLMFailedError       502 urn:envfoundry:problem:user-llm-failed
@@ -60,7 +64,11 @@ export class InvalidEnvironmentError extends ProblemError {}
 export class ConflictError extends ProblemError {}
 export class SessionBusyError extends ProblemError {}
 export class PayloadTooLargeError extends ProblemError {}
+export class UnauthorizedError extends ProblemError {}
+export class ForbiddenError extends ProblemError {}
 export class IdempotencyKeyReusedError extends ProblemError {}
+export class LimitExceededError extends ProblemError {}
+export class QuotaExceededError extends ProblemError {}
 export class NotConversationError extends ProblemError {}
 export class ConversationEndedError extends ProblemError {}
 export class UserLLMFailedError extends ProblemError {}
@@ -74,7 +82,11 @@ const BY_SLUG: Record<string, new (status: number, body: Record<string, unknown>
   conflict: ConflictError,
   "session-busy": SessionBusyError,
   "payload-too-large": PayloadTooLargeError,
+  unauthorized: UnauthorizedError,
+  forbidden: ForbiddenError,
   "idempotency-key-reused": IdempotencyKeyReusedError,
+  "limit-exceeded": LimitExceededError,
+  "quota-exceeded": QuotaExceededError,
   "not-conversation": NotConversationError,
   "conversation-ended": ConversationEndedError,
   "user-llm-failed": UserLLMFailedError,

@@ -23,10 +23,15 @@ function freePort(): Promise<number> {
 }
 
 /** ENVFOUNDRY_TEST_URL points the tests at a server already running; otherwise one is started. */
-export async function startServer(): Promise<Running> {
-  if (process.env.ENVFOUNDRY_TEST_URL) return { url: process.env.ENVFOUNDRY_TEST_URL, stop: async () => {} };
+export async function startServer(extraEnv: Record<string, string> = {}): Promise<Running> {
+  if (process.env.ENVFOUNDRY_TEST_URL && !Object.keys(extraEnv).length) {
+    return { url: process.env.ENVFOUNDRY_TEST_URL, stop: async () => {} };
+  }
   const port = await freePort();
-  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("ENVFOUNDRY_") && k !== "REDIS_URL"));
+  const env = {
+    ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("ENVFOUNDRY_") && k !== "REDIS_URL")),
+    ...extraEnv,
+  };
   const binary = process.env.ENVFOUNDRY_BIN ?? `${ROOT}.venv/bin/envfoundry`;
   const child: ChildProcess = spawn(binary, ["serve", "--port", String(port), "--workers", "2"], {
     cwd: ROOT, env, stdio: ["ignore", "ignore", "pipe"],
