@@ -12,9 +12,9 @@ responses because every answer is a single result; nothing is streamed.
 A ``tools/call`` goes through ``Sessions.call``, the method behind ``POST .../calls``: the same
 sandbox, trajectory, lock and atomic commit, and the same idempotency: a key given as
 ``_meta["envfoundry/idempotency-key"]`` or as the request's ``Idempotency-Key`` header makes a
-retry answer the first attempt's step (``_meta["envfoundry/replayed"]`` is then true). Tool failures (``ok: false``) are tool results with
-``isError`` and the call record as ``structuredContent``, so ``error.type`` is the one REST
-answers. Service errors (unknown session, busy, unavailable) are JSON-RPC errors whose ``data``
+retry answer the first attempt's step (``_meta["envfoundry/replayed"]`` is then true). Tool
+failures (``ok: false``) are tool results with ``isError`` and the call record as
+``structuredContent``, so ``error.type`` is the one REST answers. Service errors (unknown session, busy, unavailable) are JSON-RPC errors whose ``data``
 is the problem+json body REST would send; the connection stays usable after either.
 
 Both endpoints take the API key REST takes (``Authorization: Bearer``, scope ``run``) and see
@@ -25,7 +25,6 @@ problem before the MCP transport reads it, and another tenant's session is not f
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -33,8 +32,6 @@ from typing import Any
 
 import mcp_types as types
 from fastapi import FastAPI
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
@@ -44,11 +41,10 @@ from starlette.types import Receive, Scope, Send
 
 from service import idempotency
 from service.api import _created as created_view
+from service.arguments import ArgumentChecker, ArgumentLimit
 from service.auth import Principal
 from service.problems import InvalidRequest, ServiceError, problem_response, problem_type
 from service.sessions import Applied, Sessions
-
-log = logging.getLogger("envfoundry.mcp")
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"
 SERVICE_PATH = "/v1/mcp"
@@ -217,7 +213,7 @@ SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
          "additionalProperties": False},
         _score),
 }
-_VALIDATORS = {name: Draft202012Validator(schema) for name, (_, schema, _) in SERVICE_TOOLS.items()}
+_CHECKERS = {name: ArgumentChecker(schema) for name, (_, schema, _) in SERVICE_TOOLS.items()}
 
 
 async def _list_service_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -231,11 +227,12 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
     if tool is None:
         return _failure("unknown_tool", f"unknown tool '{params.name}'; available tools: {', '.join(SERVICE_TOOLS)}")
     arguments = params.arguments or {}
-    error = best_match(_VALIDATORS[params.name].iter_errors(arguments))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path)
-        return _failure("invalid_arguments", f"{params.name}: " + (f"argument '{where}': " if where else "")
-                        + error.message)
+    try:
+        problem = _CHECKERS[params.name].problem(arguments)
+    except ArgumentLimit as exc:
+        problem = str(exc)
+    if problem is not None:
+        return _failure("invalid_arguments", f"{params.name}: {problem}")
     try:
         answer = await tool[2](_engine(ctx), arguments, _tenant(ctx))
     except ServiceError as exc:
