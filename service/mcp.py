@@ -228,11 +228,11 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
         return _failure("unknown_tool", f"unknown tool '{params.name}'; available tools: {', '.join(SERVICE_TOOLS)}")
     arguments = params.arguments or {}
     try:
-        problem = _CHECKERS[params.name].problem(arguments)
+        wrong = _CHECKERS[params.name].problem(arguments)
     except ArgumentLimit as exc:
-        problem = str(exc)
-    if problem is not None:
-        return _failure("invalid_arguments", f"{params.name}: {problem}")
+        wrong = str(exc)
+    if wrong is not None:
+        return _failure("invalid_arguments", f"{params.name}: {wrong}")
     try:
         answer = await tool[2](_engine(ctx), arguments, _tenant(ctx))
     except ServiceError as exc:
