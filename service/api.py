@@ -248,9 +248,10 @@ async def send_message(session_id: str, body: schemas.MessageRequest, response: 
 
 
 @router.get("/v1/sessions/{session_id}/state", response_model=schemas.StateView, tags=["sessions"])
-async def get_state(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.StateView:
-    step, state = await engine.state_view(session_id, tenant=who.tenant)
-    return schemas.StateView(step=step, state=state)
+async def get_state(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
+    step, view = await engine.state_view(session_id, tenant=who.tenant)
+    # Already JSON text: re-encoding a large state through the response model would hold the loop again.
+    return Response(content=f'{{"step":{step},"state":{view}}}', media_type="application/json")
 
 
 @router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"])

@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             async with mcp.serving(app, settings.max_body_bytes):
                 yield
         finally:
+            app.state.sessions.offload.close()
             await pool.close()
             await store.close()
             if user is not None:

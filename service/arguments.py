@@ -42,16 +42,21 @@ def _key(value: Any) -> tuple[str, Any] | None:
     return None
 
 
+class EnumSet(list[Any]):
+    """An ``enum`` list that also holds its scalar members as a set, built once per schema."""
+
+    def __init__(self, values: list[Any]) -> None:
+        super().__init__(values)
+        self.scalars = {k for k in map(_key, values) if k is not None}
+        self.containers = [v for v in values if _key(v) is None]
+
+
 def _fast_enum(validator: Any, enums: list[Any], instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
-    allowed = validator.enum_sets.get(id(enums))
-    if allowed is None:
-        allowed = ({k for k in map(_key, enums) if k is not None}, [e for e in enums if _key(e) is None])
-        validator.enum_sets[id(enums)] = allowed
-    scalars, containers = allowed
+    allowed = enums if isinstance(enums, EnumSet) else EnumSet(enums)
     key = _key(instance)
-    if key is not None and key in scalars:
+    if key is not None and key in allowed.scalars:
         return
-    if key is None and any(validator.is_valid(instance, {"const": each}) for each in containers):
+    if key is None and any(validator.is_valid(instance, {"const": each}) for each in allowed.containers):
         return
     yield ValidationError(f"{_short(instance)} is not one of the {len(enums)} allowed values")
 
@@ -59,12 +64,19 @@ def _fast_enum(validator: Any, enums: list[Any], instance: Any, schema: dict[str
 FastValidator = validators.extend(Draft202012Validator, {"enum": _fast_enum})
 
 
+def _with_enum_sets(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: EnumSet(v) if k == "enum" and isinstance(v, list) else _with_enum_sets(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_with_enum_sets(v) for v in schema]
+    return schema
+
+
 class ArgumentChecker:
     """One per tool schema; keeps the compiled validator and its enum sets."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
-        self.validator = FastValidator(schema)
-        self.validator.enum_sets = {}  # type: ignore[attr-defined]
+        self.validator = FastValidator(_with_enum_sets(schema))
 
     def problem(self, arguments: dict[str, Any]) -> str | None:
         """What is wrong with ``arguments``, or None.

@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandbox import codec
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
+from service.offload import Offload, ViewError
 from service.catalog import Environment, Scenario
 from service.problems import (
     Conflict,
@@ -61,7 +61,8 @@ class Applied:
 
 class Sessions:
     def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
-                 user: UserSimulator | None = None) -> None:
+                 user: UserSimulator | None = None, offload: Offload | None = None) -> None:
+        self.offload = offload or Offload()
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -257,9 +258,13 @@ class Sessions:
             raise LimitExceeded(str(exc), field="arguments", limit=exc.limit, value=exc.value) from exc
         return problem or _unicode_problem(arguments)
 
-    async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, dict[str, Any]]:
+    async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, str]:
+        """The step and the state's JSON view as JSON text (built off the event loop when large)."""
         snap = await self.snapshot(session_id, tenant=tenant)
-        return snap.meta.step, codec.view_encoded(json.loads(snap.state))
+        try:
+            return snap.meta.step, await self.offload.state_view(snap.state)
+        except ViewError as exc:
+            raise LimitExceeded(f"{exc}; read the state through the tools instead", limit="state_view") from exc
 
     async def trajectory(self, session_id: str, offset: int = 0, limit: int = 1000, *,
                          tenant: str = "") -> tuple[list[dict[str, Any]], int]:
