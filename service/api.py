@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service import idempotency, schemas
 from service.auth import KeyRing, Principal
-from service.catalog import CatalogError, Scenario, ToolCall, build_environment, new_scenario_id
+from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
 from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest
 from service.registry import Registry
@@ -90,12 +89,12 @@ async def get_environment(env_id: str, who: Principal = Run,
 
 
 @router.post("/v1/environments", status_code=201, response_model=schemas.EnvironmentDetail, tags=["environments"])
-async def create_environment(body: schemas.EnvironmentCreate, who: Principal = Admin,
+async def create_environment(body: schemas.EnvironmentCreate, request: Request, who: Principal = Admin,
                              reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
     try:
-        # Static analysis of up to 1 MiB of code: off the event loop.
-        env = await asyncio.to_thread(
-            build_environment, env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
+        # Static analysis of up to 1 MiB of code, in a bounded child process.
+        env = await request.app.state.analysis.environment(
+            env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
             introduction=body.introduction, rules=body.rules)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
@@ -254,7 +253,8 @@ async def get_state(session_id: str, who: Principal = Run, engine: Sessions = De
     return Response(content=f'{{"step":{step},"state":{view}}}', media_type="application/json")
 
 
-@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"])
+@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"],
+            response_model_exclude_unset=True)
 async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
                          limit: int = Query(default=MAX_PAGE, ge=1, le=MAX_PAGE), who: Principal = Run,
                          engine: Sessions = Depends(sessions)) -> schemas.Trajectory:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
 from service import mcp, problems
+from service.analysis import Analysis
 from service.api import router
 from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
@@ -91,10 +92,12 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         user = make_user(settings)
         app.state.settings = settings
         app.state.keys = keys
+        app.state.analysis = Analysis()
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
-        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user)
+        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user,
+                                      limits=settings.session_limits())
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
@@ -119,5 +122,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
 
     app.include_router(router)
     mcp.mount(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
     return app

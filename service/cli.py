@@ -27,7 +27,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app, load_catalog
-
     from service.auth import KeyFileError, KeyRing
 
     settings = _settings(args)
@@ -180,13 +179,32 @@ def parser() -> argparse.ArgumentParser:
 
     add_synth_parser(sub)
 
+    # rollout and export live in the client package; main() hands their arguments over unparsed.
+    for name, text in CLIENT_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+
     spec = sub.add_parser("openapi", help="print the OpenAPI document (openapi/openapi.json is this output)")
     spec.add_argument("--out", metavar="FILE")
     spec.set_defaults(run=cmd_openapi)
     return root
 
 
+CLIENT_COMMANDS = {
+    "rollout": "run an agent (any OpenAI-compatible endpoint) on scenarios; write trajectories as JSONL",
+    "export": "turn rollout JSONL into fine-tuning data (export sft)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in CLIENT_COMMANDS:
+        try:
+            from envfoundry_client.cli import main as client_main
+        except ImportError:
+            print(f"error: '{argv[0]}' comes with the client package: pip install clients/python", file=sys.stderr)
+            return 2
+
+        return client_main(argv, prog="envfoundry")
     args = parser().parse_args(argv)
     try:
         return int(args.run(args))

@@ -42,6 +42,10 @@ class Keys:
         """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
         return f"{self.prefix}:request:{name}"
 
+    def live_sessions(self, tenant: str) -> str:
+        """A tenant's sessions (sorted set, scored by when each expires unless used again)."""
+        return f"{self.prefix}:tenant:{{{tenant}}}:sessions"
+
     def records(self, kind: str, tenant: str = "") -> str:
         """A tenant's catalog records of ``kind`` ('environments' or 'scenarios'), one hash."""
         if kind not in ("environments", "scenarios"):

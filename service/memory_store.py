@@ -28,9 +28,10 @@ class MemoryStore:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._records: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, kind) -> key -> value
         self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
+        self._live: dict[str, dict[str, float]] = {}  # tenant -> session id -> expires at
         self._last_sweep = 0.0
 
-    def _live(self, session_id: str) -> _Entry | None:
+    def _entry(self, session_id: str) -> _Entry | None:
         now = time.time()
         if now - self._last_sweep > 60:
             self._sweep(now)
@@ -61,7 +62,7 @@ class MemoryStore:
             )
 
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         if entry is None:
             return None
         return Snapshot(
@@ -73,8 +74,10 @@ class MemoryStore:
         )
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
-        entry = self._live(session_id)
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
+        entry = self._entry(session_id)
+        if tenant is not None and session_id in self._live.get(tenant, {}):
+            self._live[tenant][session_id] = time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
             return False
         if state is not None:
@@ -87,15 +90,15 @@ class MemoryStore:
         return True
 
     async def idempotent(self, session_id: str, key: str) -> str | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         return None if entry is None else entry.idempotency.get(key)
 
     async def trajectory(self, session_id: str) -> list[str] | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         return None if entry is None else list(entry.trajectory)
 
     async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         return None if entry is None else (entry.trajectory[offset:offset + limit], len(entry.trajectory))
 
     async def claim_request(self, key: str, value: str, lease: float) -> str | None:
@@ -113,7 +116,7 @@ class MemoryStore:
         self._requests.pop(key, None)
 
     async def delete(self, session_id: str) -> bool:
-        return self._live(session_id) is not None and self._sessions.pop(session_id, None) is not None
+        return self._entry(session_id) is not None and self._sessions.pop(session_id, None) is not None
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
@@ -134,6 +137,20 @@ class MemoryStore:
                 del self._locks[session_id]
             else:
                 self._locks[session_id] = (lock, users - 1)
+
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        now = time.time()
+        live = {k: v for k, v in self._live.get(tenant, {}).items() if v > now}
+        if len(live) + len(session_ids) > limit:
+            self._live[tenant] = live
+            return len(live)
+        live.update({sid: now + self.ttl for sid in session_ids})
+        self._live[tenant] = live
+        return None
+
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        for sid in session_ids:
+            self._live.get(tenant, {}).pop(sid, None)
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None) -> str | None:

@@ -39,6 +39,20 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local live = redis.call('ZCARD', KEYS[1])
+if live + #ARGV - 3 > tonumber(ARGV[2]) then return live end
+for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
+redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+return -1
+"""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 PUT_RECORD = """
 local existing = redis.call('HGET', KEYS[1], ARGV[1])
 if existing then return existing end
@@ -46,6 +60,10 @@ if tonumber(ARGV[3]) >= 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) t
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return false
 """
+
+
+# How long a lock outlives a holder that stopped renewing it.
+HEARTBEAT = 10.0
 
 
 def _translated(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -71,6 +89,8 @@ class RedisStore:
         self._commit = self.client.register_script(COMMIT)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
+        self._admit = self.client.register_script(ADMIT)
+        self._renew = self.client.register_script(RENEW)
 
     @property
     def _ttl_ms(self) -> int:
@@ -120,15 +140,34 @@ class RedisStore:
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
-        outcome = await self._commit(
-            keys=[k.meta, k.state, k.initial, k.trajectory, k.idempotency],
-            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
-                  "1" if done else "0", key, value],
-        )
-        return int(outcome) == 1
+        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+                "1" if done else "0", key, value]
+        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency]
+        if tenant is None:
+            return int(await self._commit(keys=keys, args=args)) == 1
+        # One round trip: the commit and the refresh of the tenant's live count (another slot in a cluster).
+        expires = int((time.time() + self.ttl) * 1000)
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._commit(keys=keys, args=args, client=pipe)
+            pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
+            pipe.pexpireat(self.keys.live_sessions(tenant), expires)
+            results: list[Any] = await pipe.execute()
+        return int(results[0]) == 1
+
+    @_translated
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        now = int(time.time() * 1000)
+        live = await self._admit(keys=[self.keys.live_sessions(tenant)],
+                                 args=[now, limit, now + self._ttl_ms, *session_ids])
+        return None if int(live) < 0 else int(live)
+
+    @_translated
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        if session_ids:
+            await self.client.zrem(self.keys.live_sessions(tenant), *session_ids)
 
     @_translated
     async def idempotent(self, session_id: str, key: str) -> str | None:
@@ -182,25 +221,38 @@ class RedisStore:
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
+        """The lock is held for a short lease that the holder renews while it works, so a holder that
+        dies (kill -9) blocks the session for at most ``HEARTBEAT`` seconds, not the longest request."""
         key = self.keys.session(session_id).lock
         token = secrets.token_hex(16)
+        held = min(lease, HEARTBEAT)
         deadline = time.monotonic() + wait
         delay = 0.002
         try:
-            while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
+            while not await self.client.set(key, token, nx=True, px=int(held * 1000)):
                 if time.monotonic() >= deadline:
                     raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.05)
         except RedisError as exc:
             raise StoreError(f"redis: {exc}") from exc
+        renewer = asyncio.get_running_loop().create_task(self._keep(key, token, held))
         try:
             yield
         finally:
+            renewer.cancel()
             try:
                 await self._release(keys=[key], args=[token])
             except RedisError:
                 pass  # the lease expires by itself
+
+    async def _keep(self, key: str, token: str, held: float) -> None:
+        while True:
+            await asyncio.sleep(held / 3)
+            try:
+                await self._renew(keys=[key], args=[token, int(held * 1000)])
+            except RedisError:
+                pass  # Redis is away: the commit's compare-and-set still keeps steps exact
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None) -> str | None:

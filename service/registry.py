@@ -18,7 +18,15 @@ from typing import Any
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool import EnvCode, WorkerPool
 from service.catalog import Catalog, CatalogError, ConflictError, Environment, Scenario, build_environment
-from service.problems import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
+from service.problems import (
+    Conflict,
+    Forbidden,
+    InvalidEnvironment,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    Unavailable,
+)
 from service.store import RecordLimit, SessionStore
 
 PARSED_CACHE = 512
@@ -78,7 +86,7 @@ class Registry:
             InvalidEnvironment: the code fails to load or to instantiate with ``{}``.
             QuotaExceeded: the tenant holds as many environments as it may.
         """
-        existing = await self._existing(self.environment, env.env_id, tenant)
+        existing: Environment | None = await self._existing(self.environment, env.env_id, tenant)
         if existing is not None:
             if existing.code_hash != env.code_hash:
                 raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")

@@ -189,6 +189,8 @@ class StateDiff(BaseModel):
     added: list[dict[str, Any]]
     removed: list[dict[str, Any]]
     changed: list[dict[str, Any]]
+    truncated: bool | None = Field(default=None, description="The diff exceeded max_record_bytes and was dropped.")
+    bytes: int | None = Field(default=None, description="Size of the dropped diff.")
 
 
 class Step(BaseModel):

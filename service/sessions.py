@@ -6,8 +6,11 @@ replica can serve any request and a restart loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,16 +18,17 @@ from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
-from service.offload import Offload, ViewError
 from service.catalog import Environment, Scenario
+from service.offload import Offload, ViewError
 from service.problems import (
     Conflict,
     ConversationEnded,
-    LimitExceeded,
     InvalidEnvironment,
     InvalidRequest,
+    LimitExceeded,
     NotConversation,
     NotFound,
+    QuotaExceeded,
     SessionBusy,
     Unavailable,
     UserLLMFailed,
@@ -51,6 +55,17 @@ class Created:
         return self.metas[0]
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds on what one session or tenant may hold or take; each is named in the problem it raises."""
+
+    max_steps: int = 10_000
+    max_sessions: int = 10_000  # live sessions (forks included) per tenant
+    max_record_bytes: int = 256 * 1024
+    score_budget: float = 20.0
+    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold at once
+
+
 @dataclass
 class Applied:
     """A committed step record, and whether it answers an earlier request with the same key."""
@@ -61,8 +76,11 @@ class Applied:
 
 class Sessions:
     def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
-                 user: UserSimulator | None = None, offload: Offload | None = None) -> None:
+                 user: UserSimulator | None = None, offload: Offload | None = None,
+                 limits: SessionLimits | None = None) -> None:
         self.offload = offload or Offload()
+        self.limits = limits or SessionLimits()
+        self._tenant_slots: dict[str, asyncio.Semaphore] = {}
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -86,7 +104,8 @@ class Sessions:
                                      field="mode")
             opening = await self._user_opening(scenario.task)
         try:
-            state = await self.pool.init_state(env_code(env), config)
+            async with self._sandbox_slot(tenant):
+                state = await self.pool.init_state(env_code(env), config)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -100,8 +119,22 @@ class Sessions:
         now = time.time()
         metas = [SessionMeta(new_session_id(), env.env_id, scenario.scenario_id if scenario else None, now,
                              tenant=tenant, mode=mode, opening=opening) for _ in range(n)]
-        await self._store(self.store.create_group(metas, state, state, []))
+        await self._create(metas, state, state, [])
         return Created(metas, env, scenario)
+
+    async def _create(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        """Store a group within the tenant's quota of live sessions, all or none."""
+        tenant, ids = metas[0].tenant, [m.session_id for m in metas]
+        live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
+        if live is not None:
+            raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
+                                "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
+                                value=self.limits.max_sessions, retry_after=60)
+        try:
+            await self._store(self.store.create_group(metas, state, initial, trajectory))
+        except BaseException:
+            await self._store(self.store.forget(tenant, ids))
+            raise
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -153,9 +186,11 @@ class Sessions:
                 replay = await self._replay(session_id, key, print_)
                 if replay is not None:
                     return replay
+                self._check_steps(snap)
                 env = await self.environment_of(snap)
-                arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
-                record = _step_record(snap.meta.step + 1, name, arguments, outcome)
+                async with self._sandbox_slot(tenant):
+                    arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
+                record = self._bounded(_step_record(snap.meta.step + 1, name, arguments, outcome))
                 await self._commit(snap, outcome.state, record, key=key, print_=print_)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
@@ -180,6 +215,7 @@ class Sessions:
                     return replay
                 if snap.meta.done:
                     raise ConversationEnded("the simulated user has ended this conversation; score the session")
+                self._check_steps(snap)
                 scenario = await self.scenario_of(snap)
                 assert scenario is not None  # conversation sessions are made from scenarios only
                 exchanges = [Exchange(r["content"], r["reply"]) for r in map(json.loads, snap.trajectory)
@@ -196,6 +232,32 @@ class Sessions:
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
         return Applied(record)
+
+    def _check_steps(self, snap: Snapshot) -> None:
+        if snap.meta.step >= self.limits.max_steps:
+            raise LimitExceeded(f"the session has reached {self.limits.max_steps} steps, its limit; fork or start a "
+                                "new session", limit="max_steps", value=self.limits.max_steps)
+
+    def _bounded(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A step record within max_record_bytes: a diff too large to keep is summarised, never the result."""
+        size = len(json.dumps(record, ensure_ascii=False))
+        if size > self.limits.max_record_bytes:
+            record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
+                              "bytes": len(json.dumps(record["diff"], ensure_ascii=False))}
+        return record
+
+    @asynccontextmanager
+    async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
+        """Hold one of the tenant's share of sandbox workers, so one tenant cannot occupy them all."""
+        if self.limits.tenant_sandbox_share >= 1.0:
+            yield
+            return
+        slots = self._tenant_slots.get(tenant)
+        if slots is None:
+            slots = asyncio.Semaphore(max(1, int(self.pool.size * self.limits.tenant_sandbox_share)))
+            self._tenant_slots[tenant] = slots
+        async with slots:
+            yield
 
     @property
     def user_timeout(self) -> float:
@@ -219,7 +281,7 @@ class Sessions:
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
         committed = await self._store(self.store.commit(session_id, snap.meta.step, state, json.dumps(record),
-                                                        done=done, idempotency=remembered))
+                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
@@ -280,8 +342,14 @@ class Sessions:
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         checklist = scenario.checklist if scenario else []
+        budget = self.limits.score_budget
         try:
-            results = await self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist])
+            async with self._sandbox_slot(tenant):
+                results = await asyncio.wait_for(
+                    self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist]), budget)
+        except TimeoutError:
+            raise LimitExceeded(f"the checks took longer than the score budget of {budget:g} s", limit="score_budget",
+                                value=budget) from None
         except SandboxError as exc:
             raise Unavailable(f"scoring failed in the sandbox: {exc.message}") from exc
         checks = [{"item": c.item, "passed": r["passed"], "error": r["error"]} for c, r in zip(checklist, results, strict=True)]
@@ -297,13 +365,14 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
-        await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+        await self._create(metas, snap.state, snap.initial, snap.trajectory)
         return Created(metas, env, scenario)
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
+        await self._store(self.store.forget(tenant, [session_id]))
 
     @staticmethod
     async def _store(awaitable: Any) -> Any:

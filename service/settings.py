@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.pool import Limits
+from service.sessions import SessionLimits
 
 
 class Settings(BaseSettings):
@@ -44,6 +45,8 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
     max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
                                 "hold the event loop for long).")
+    max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
+                                 "(counted before parsing).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(
@@ -52,6 +55,13 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/auth.py).")
     max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
     max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
+    max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
+    max_sessions: int = Field(default=10_000, ge=1, description="Live sessions (forks included) one tenant may hold.")
+    max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
+                                  "a larger state diff is summarised.")
+    score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
+    tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
+                                        "tenant may hold at once.")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
@@ -63,6 +73,10 @@ class Settings(BaseSettings):
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
+
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
+                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
 
     def limits(self) -> Limits:
         return Limits(

@@ -91,11 +91,12 @@ class SessionStore(Protocol):
         """Read a session consistently (meta, blobs and optionally trajectory at one step)."""
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
-        carrying the key finds it even when the answer to the first attempt was lost."""
+        carrying the key finds it even when the answer to the first attempt was lost. With
+        ``tenant``, the session's place in that tenant's live count is refreshed too."""
 
     async def idempotent(self, session_id: str, key: str) -> str | None:
         """The value committed with idempotency ``key`` on this session, if any."""
@@ -120,6 +121,13 @@ class SessionStore(Protocol):
 
     def lock(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[None]:
         """Hold the session's call lock; raise LockTimeout after ``wait`` seconds."""
+
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        """Count ``session_ids`` as live sessions of ``tenant`` unless that would pass ``limit``;
+        return the live count when it would (nothing is counted then)."""
+
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        """Stop counting sessions (deleted, or their creation failed)."""
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None) -> str | None:

@@ -7,8 +7,11 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
+from service.analysis import Analysis
 from service.arguments import MAX_VALUES, ArgumentChecker
+from service.catalog import CatalogError
 from tests.service.test_api import new_session, problem, state
 
 BIG_LITERAL = "class Picky:\n    def __init__(self):\n        self.picked = []\n\n" \
@@ -16,10 +19,20 @@ BIG_LITERAL = "class Picky:\n    def __init__(self):\n        self.picked = []\n
     '        """Pick values."""\n        self.picked = values\n        return {"success": True}\n'
 
 
-def test_a_million_argument_values_are_refused_by_name(client: httpx.Client) -> None:
+def test_a_million_argument_values_are_refused_before_parsing(client: httpx.Client) -> None:
     sid = new_session(client, scenario_id="store-001")
     before = state(client, sid)
-    items = [1] * 10**6
+    response = client.post(f"/v1/sessions/{sid}/calls", json={"name": "place_order", "arguments": {
+        "customer_id": "C001", "items": [1] * 10**6}})
+    body = problem(response, 413, "payload-too-large")
+    assert body["limit"] == "max_body_values" and body["value"] == 200_000
+    assert state(client, sid) == before
+
+
+def test_argument_values_past_the_bound_are_refused_by_name(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="store-001")
+    before = state(client, sid)
+    items = [1] * 50_000
     response = client.post(f"/v1/sessions/{sid}/calls", json={"name": "place_order",
                                                                "arguments": {"customer_id": "C001", "items": items}})
     body = problem(response, 422, "limit-exceeded")
@@ -64,8 +77,15 @@ def test_a_tool_typed_with_a_huge_literal_answers_calls_normally(client: httpx.C
     assert state(client, sid)["state"]["picked"] == [7] * 100
 
 
-def test_a_scenario_with_two_million_checks_gets_a_small_422(client: httpx.Client) -> None:
+def test_a_scenario_with_two_million_checks_is_refused_before_parsing(client: httpx.Client) -> None:
     payload = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 2_000_000})
+    response = client.post("/v1/scenarios", content=payload, headers={"content-type": "application/json"})
+    assert problem(response, 413, "payload-too-large")["limit"] == "max_body_values"
+    assert len(response.content) < 2000
+
+
+def test_a_checklist_over_its_bound_gets_a_small_422(client: httpx.Client) -> None:
+    payload = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 150_000})
     response = client.post("/v1/scenarios", content=payload, headers={"content-type": "application/json"})
     body = problem(response, 422, "invalid-request")
     assert len(response.content) < 20_000
@@ -106,3 +126,25 @@ def test_a_million_value_state_is_viewed_while_other_requests_are_answered(clien
     view = response.json()
     assert view["step"] == 0 and set(view["state"]["seen"]) == set(range(1_000_000))
     assert answered_meanwhile > 0  # the view was built off the event loop
+
+
+def test_a_class_with_too_many_tools_is_refused_by_name(client: httpx.Client) -> None:
+    methods = "".join(f"    def tool_{i}(self) -> int:\n        \"\"\"Tool {i}.\"\"\"\n        return {i}\n"
+                      for i in range(300))
+    code = "class Wide:\n    def __init__(self):\n        self.n = 0\n" + methods
+    body = problem(client.post("/v1/environments", json={"env_id": "wide", "class_name": "Wide", "code": code}),
+                   422, "invalid-environment")
+    assert body["reason"] == "max_tools" and "at most 256" in body["detail"]
+
+
+@pytest.mark.anyio
+async def test_analysis_past_its_time_limit_is_killed_and_named() -> None:
+    analysis = Analysis(timeout=0.001)
+    with pytest.raises(CatalogError) as failure:
+        await analysis.environment(env_id="slow", class_name="Slow", code="class Slow:\n    pass\n", summary="",
+                                   introduction="", rules=[])
+    assert failure.value.reason == "analysis_timeout"
+    done = await Analysis().environment(env_id="ok", class_name="Ok", code="class Ok:\n    def go(self) -> int:\n"
+                                        "        \"\"\"Go.\"\"\"\n        return 1\n", summary="", introduction="",
+                                        rules=[])
+    assert [t["function"]["name"] for t in done.tools] == ["go"]

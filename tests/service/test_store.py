@@ -633,3 +633,25 @@ async def test_a_request_claim_is_taken_once_then_answered_or_released(store: Se
     assert await store.claim_request("t:create:other", "pending", 30) is None
     await store.release_request("t:create:other")
     assert await store.claim_request("t:create:other", "second", 30) is None
+
+
+async def test_live_sessions_are_admitted_within_a_limit_and_forgotten(store: SessionStore) -> None:
+    first = [new_session_id() for _ in range(3)]
+    assert await store.admit("t1", first, 4) is None
+    assert await store.admit("t1", [new_session_id(), new_session_id()], 4) == 3  # all or none
+    assert await store.admit("t2", [new_session_id() for _ in range(4)], 4) is None  # tenants apart
+    await store.forget("t1", first[:2])
+    assert await store.admit("t1", [new_session_id(), new_session_id()], 4) is None
+    assert await store.admit("t1", [new_session_id()], 4) is None
+    assert await store.admit("t1", [new_session_id()], 4) == 4
+
+
+async def test_admitted_sessions_expire_from_the_count_unless_used(make_store: StoreFactory) -> None:
+    store = make_store(ttl=0.5)
+    meta = await _created(store)
+    assert await store.admit("t", [meta.session_id, "ses_idle"], 2) is None
+    await asyncio.sleep(0.3)
+    assert await store.commit(meta.session_id, 0, None, _rec(1), tenant="t") is True  # refreshes its place
+    await asyncio.sleep(0.35)
+    assert await store.admit("t", ["ses_new"], 2) is None  # the idle one expired, the used one is counted
+    assert await store.admit("t", ["ses_more"], 2) == 2
