@@ -134,6 +134,9 @@ def send(base_url: str, request: dict[str, Any], headers: dict[str, str], timeou
         headers.setdefault("content-type", "application/json")
     elif "body" in request:
         body = request["body"].encode()
+    elif "body_repeat" in request:
+        r = request["body_repeat"]
+        body = (r["prefix"] + r["separator"].join([r["item"]] * r["count"]) + r["suffix"]).encode()
     elif "body_size" in request:
         body = b" " * request["body_size"]
         # Sent only if the server asks for it: one that refuses by the declared length answers at once.

@@ -20,6 +20,7 @@ export interface Case {
     path: string;
     json?: unknown;
     body?: string;
+    body_repeat?: { prefix: string; item: string; separator: string; count: number; suffix: string };
     body_size?: number;
     headers?: Record<string, string>;
   };
@@ -87,7 +88,7 @@ export async function runConformance(baseUrl: string, cases: Case[], headers: Re
       } else if (request.body_size !== undefined) {
         reply = await sendOversized(baseUrl, request, headers);
       } else {
-        reply = await client.send(request.method, request.path, request);
+        reply = await client.send(request.method, request.path, { ...request, body: rawBody(request) });
       }
       check(expect, reply);
       for (const [name, path] of Object.entries(item.capture ?? {})) captured[name] = capture(path, reply);
@@ -102,9 +103,15 @@ export async function runConformance(baseUrl: string, cases: Case[], headers: Re
   return outcome;
 }
 
+function rawBody(request: Case["request"]): string | undefined {
+  const r = request.body_repeat;
+  return r ? r.prefix + Array(r.count).fill(r.item).join(r.separator) + r.suffix : request.body;
+}
+
 function typedRoute(request: Case["request"]): [Route, string[]] | undefined {
   const headers = Object.keys(request.headers ?? {}).map((name) => name.toLowerCase());
-  if (request.body !== undefined || request.body_size !== undefined || headers.some((h) => h !== "idempotency-key")) {
+  const raw = request.body !== undefined || request.body_repeat !== undefined || request.body_size !== undefined;
+  if (raw || headers.some((h) => h !== "idempotency-key")) {
     return undefined;
   }
   const path = request.path.split("?")[0]!;

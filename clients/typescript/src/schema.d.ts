@@ -617,6 +617,11 @@ export interface components {
             added: {
                 [key: string]: unknown;
             }[];
+            /**
+             * Bytes
+             * @description Size of the dropped diff.
+             */
+            bytes?: number | null;
             /** Changed */
             changed: {
                 [key: string]: unknown;
@@ -625,6 +630,11 @@ export interface components {
             removed: {
                 [key: string]: unknown;
             }[];
+            /**
+             * Truncated
+             * @description The diff exceeded max_record_bytes and was dropped.
+             */
+            truncated?: boolean | null;
         };
         /** StateView */
         StateView: {
