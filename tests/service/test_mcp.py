@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -231,3 +232,23 @@ async def test_mcp_takes_the_rest_api_key_and_sees_only_its_tenant(keyed_server:
     assert hidden.value.error.data["type"] == "urn:envfoundry:problem:not-found"
     assert scored.is_error and scored.structured_content is not None
     assert scored.structured_content["problem"]["status"] == 404
+
+
+async def test_mcp_requests_of_one_session_are_served_by_any_replica(tmp_path: Path, redis_url: str,
+                                                                    key_prefix: str) -> None:
+    """Stateless MCP: two servers on one Redis take turns serving the same session's tools/call."""
+    env = {"ENVFOUNDRY_KEY_PREFIX": key_prefix}
+    replicas = [start_server(tmp_path, redis_url=redis_url, extra_env=env, workers=1) for _ in range(2)]
+    try:
+        with replicas[0].client() as http:
+            session_id = new_session(http)
+        for step, call in enumerate(reference_solution(), start=1):
+            replica = replicas[step % 2]
+            async with Client(mcp_url(replica, session_id)) as mcp:
+                result = await mcp.call_tool(call["name"], call["arguments"])
+            assert result.structured_content is not None and result.structured_content["step"] == step
+        with replicas[1].client() as http:
+            assert http.post(f"/v1/sessions/{session_id}/score").json()["reward"] == 1.0
+    finally:
+        for replica in replicas:
+            replica.stop()
