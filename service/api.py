@@ -5,11 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service import idempotency, schemas
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from service.auth import KeyRing, Principal
+from service.observability import Metrics
+from service.problems import Unavailable
+from service.store import StoreError
 from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
 from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest
@@ -29,7 +36,9 @@ def _scope(scope: str) -> Any:
     async def principal(request: Request,
                         _: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
         keys: KeyRing = request.app.state.keys
-        return keys.authenticate(request.headers.get("authorization"), scope)
+        who = keys.authenticate(request.headers.get("authorization"), scope)
+        request.state.tenant = who.tenant or "-"  # for the access log
+        return who
 
     return Depends(principal)
 
@@ -60,7 +69,31 @@ def _utc(ts: float) -> datetime:
 
 @router.get("/healthz", response_model=schemas.Health, tags=["service"])
 async def healthz() -> schemas.Health:
+    """Liveness: the process answers."""
     return schemas.Health(status="ok")
+
+
+@router.get("/readyz", response_model=schemas.Health, tags=["service"])
+async def readyz(request: Request) -> schemas.Health:
+    """Readiness: the session store answers and the sandbox pool has a live worker (503 otherwise)."""
+    engine: Sessions = request.app.state.sessions
+    try:
+        await asyncio.wait_for(engine.store.ping(), 2.0)
+    except (StoreError, TimeoutError) as exc:
+        raise Unavailable(f"the session store does not answer: {exc}") from None
+    pool = engine.pool
+    if pool.size - len(getattr(pool, "_pending", ())) <= 0:
+        raise Unavailable("no sandbox worker is running; they are being restarted")
+    return schemas.Health(status="ready")
+
+
+@router.get("/metrics", tags=["service"], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this replica."""
+    registry: Metrics = request.app.state.metrics
+    registry.observe_pool(request.app.state.pool)
+    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- environments ---------------------------------------------------------------------------

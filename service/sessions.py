@@ -19,6 +19,7 @@ from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
+from service.observability import Metrics
 from service.offload import Offload, ViewError
 from service.problems import (
     Conflict,
@@ -77,8 +78,9 @@ class Applied:
 class Sessions:
     def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
                  user: UserSimulator | None = None, offload: Offload | None = None,
-                 limits: SessionLimits | None = None) -> None:
+                 limits: SessionLimits | None = None, metrics: Metrics | None = None) -> None:
         self.offload = offload or Offload()
+        self.metrics = metrics or Metrics()
         self.limits = limits or SessionLimits()
         self._tenant_slots: dict[str, asyncio.Semaphore] = {}
         self.registry = registry
@@ -135,6 +137,7 @@ class Sessions:
         except BaseException:
             await self._store(self.store.forget(tenant, ids))
             raise
+        self.metrics.sessions.labels("fork" if metas[0].parent_id else "create").inc(len(metas))
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -198,6 +201,7 @@ class Sessions:
             raise Unavailable(str(exc)) from exc
         except SandboxBusy as exc:
             raise Unavailable(exc.message) from exc
+        self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
         return Applied(record)
 
     async def message(self, session_id: str, content: str, *, key: str | None = None, tenant: str = "") -> Applied:
@@ -256,7 +260,9 @@ class Sessions:
         if slots is None:
             slots = asyncio.Semaphore(max(1, int(self.pool.size * self.limits.tenant_sandbox_share)))
             self._tenant_slots[tenant] = slots
+        started = time.perf_counter()
         async with slots:
+            self.metrics.sandbox_wait.observe(time.perf_counter() - started)
             yield
 
     @property
@@ -373,13 +379,17 @@ class Sessions:
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
         await self._store(self.store.forget(tenant, [session_id]))
+        self.metrics.sessions_deleted.inc()
 
-    @staticmethod
-    async def _store(awaitable: Any) -> Any:
+    async def _store(self, awaitable: Any) -> Any:
+        started = time.perf_counter()
         try:
             return await awaitable
         except StoreError as exc:
+            self.metrics.store_errors.inc()
             raise Unavailable(str(exc)) from exc
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - started)
 
 
 def _unicode_problem(value: Any) -> str | None:

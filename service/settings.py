@@ -23,6 +23,7 @@ class Settings(BaseSettings):
         description="Redis URL for sessions; unset means the in-process memory store.",
     )
     key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
+    log_format: Literal["json", "text"] = Field(default="json", description="One JSON object per log line, or text.")
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: Literal["process", "docker"] = Field(default="process", description="Sandbox backend.")
