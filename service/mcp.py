@@ -266,13 +266,18 @@ def service_server() -> Server[Any]:
 class _Endpoint:
     """Authenticates a request as REST does, then hands it to the manager the app's lifespan started."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, path: str) -> None:
         self.name = name
+        self.route = Route(path, self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope["app"].state
+        # FastAPI's own routes leave themselves here; the access log and metrics label requests by it.
+        scope["route"] = self.route
+        request = Request(scope)
         try:
-            scope[PRINCIPAL] = state.keys.authenticate(Request(scope).headers.get("authorization"), "run")
+            scope[PRINCIPAL] = principal = state.keys.authenticate(request.headers.get("authorization"), "run")
+            request.state.tenant = principal.tenant or "-"  # for the access log, as the REST routes do
         except ServiceError as exc:
             await problem_response(exc.status, exc.slug, exc.title, exc.detail, scope.get("path"),
                                    **exc.extra)(scope, receive, send)
@@ -283,8 +288,8 @@ class _Endpoint:
 
 def mount(app: FastAPI) -> None:
     """Add the MCP routes; they are outside the OpenAPI document (JSON-RPC, not REST)."""
-    app.router.routes.append(Route(SESSION_PATH, _Endpoint("mcp_session")))
-    app.router.routes.append(Route(SERVICE_PATH, _Endpoint("mcp_service")))
+    app.router.routes.append(_Endpoint("mcp_session", SESSION_PATH).route)
+    app.router.routes.append(_Endpoint("mcp_service", SERVICE_PATH).route)
 
 
 @asynccontextmanager

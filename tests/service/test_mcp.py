@@ -252,3 +252,23 @@ async def test_mcp_requests_of_one_session_are_served_by_any_replica(tmp_path: P
     finally:
         for replica in replicas:
             replica.stop()
+
+
+async def test_mcp_requests_are_counted_and_logged_like_rest(server: Server, client: httpx.Client) -> None:
+    """The access log and /metrics label MCP requests by their route; MCP tool calls count as tool calls."""
+
+    def counted(text: str, line_start: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+    route = 'envfoundry_http_requests_total{method="POST",route="/v1/sessions/{session_id}/mcp",status="200"}'
+    calls = 'envfoundry_tool_calls_total{outcome="unknown_tool"}'
+    before = client.get("/metrics").text
+    session_id = new_session(client)
+    async with Client(mcp_url(server, session_id)) as mcp:
+        await mcp.call_tool("no_such_tool", {})
+    after = client.get("/metrics").text
+    assert counted(after, route) > counted(before, route)
+    assert counted(after, calls) == counted(before, calls) + 1
+    logged = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    assert any(entry.get("route") == "/v1/sessions/{session_id}/mcp" and entry.get("session") == session_id
+               for entry in logged)

@@ -84,6 +84,11 @@ export class EnvfoundryClient {
     return this.json("GET", "/healthz");
   }
 
+  /** `{status: "ready"}` while the store and the sandbox answer; 503 `unavailable` otherwise. */
+  ready(): Promise<{ status: string }> {
+    return this.json("GET", "/readyz");
+  }
+
   listEnvironments(): Promise<EnvironmentList> {
     return this.json("GET", "/v1/environments");
   }

@@ -50,6 +50,7 @@ function page(query: URLSearchParams): { offset?: number; limit?: number } {
 const ID = "([^/]+)";
 const ROUTES: Route[] = [
   ["GET", /^\/healthz$/, (c) => c.health()],
+  ["GET", /^\/readyz$/, (c) => c.ready()],
   ["GET", /^\/v1\/environments$/, (c) => c.listEnvironments()],
   ["POST", /^\/v1\/environments$/, (c, _, j) => c.createEnvironment(j as never)],
   ["GET", new RegExp(`^/v1/environments/${ID}$`), (c, [id]) => c.getEnvironment(id!)],
