@@ -28,7 +28,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app, load_catalog
     from service.auth import KeyFileError, KeyRing
-
     from service.observability import configure_logging
 
     settings = _settings(args)

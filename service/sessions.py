@@ -158,6 +158,12 @@ class Sessions:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
         return snap
 
+    async def live(self, offset: int, limit: int, *, tenant: str = "") -> tuple[list[Snapshot], int]:
+        """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
+        ids, total = await self._store(self.store.live(tenant, offset, limit))
+        snaps = [await self._store(self.store.load(sid)) for sid in ids]
+        return [s for s in snaps if s is not None and s.meta.tenant == tenant], total
+
     async def environment_of(self, snap: Snapshot) -> Environment:
         try:
             return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
