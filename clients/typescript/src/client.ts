@@ -16,6 +16,7 @@ export type ScenarioCreate = Schemas["ScenarioCreate"];
 export type SessionCreate = Schemas["SessionCreate"];
 export type SessionCreated = Schemas["SessionCreated"];
 export type SessionInfo = Schemas["SessionInfo"];
+export type SessionList = Schemas["SessionList"];
 export type ToolList = Schemas["ToolList"];
 export type ToolCallRequest = Schemas["ToolCallRequest"];
 export type CallResult = Schemas["CallResult"];
@@ -134,6 +135,11 @@ export class EnvfoundryClient {
     return this.json("POST", "/v1/sessions", { json: body, headers: keyed(once) });
   }
 
+  /** This tenant's live sessions, the next to expire first, a page at a time. */
+  listSessions(page: { offset?: number; limit?: number } = {}): Promise<SessionList> {
+    return this.json("GET", `/v1/sessions${query(page)}`);
+  }
+
   getSession(sessionId: string): Promise<SessionInfo> {
     return this.json("GET", `/v1/sessions/${seg(sessionId)}`);
   }
@@ -171,11 +177,7 @@ export class EnvfoundryClient {
 
   /** A page of steps (`offset` 0 and the service's largest page by default) with the whole `total`. */
   trajectory(sessionId: string, page: { offset?: number; limit?: number } = {}): Promise<Trajectory> {
-    const query = new URLSearchParams();
-    if (page.offset !== undefined) query.set("offset", String(page.offset));
-    if (page.limit !== undefined) query.set("limit", String(page.limit));
-    const suffix = query.size ? `?${query}` : "";
-    return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory${suffix}`);
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory${query(page)}`);
   }
 
   /** Score against the scenario's checks; the session goes on. */
@@ -235,6 +237,13 @@ export class EnvfoundryClient {
     if (reply.status < 200 || reply.status >= 300) throw problemError(reply.status, reply.body);
     return reply.body as T;
   }
+}
+
+function query(page: { offset?: number; limit?: number }): string {
+  const params = new URLSearchParams();
+  if (page.offset !== undefined) params.set("offset", String(page.offset));
+  if (page.limit !== undefined) params.set("limit", String(page.limit));
+  return params.size ? `?${params}` : "";
 }
 
 function seg(value: string): string {

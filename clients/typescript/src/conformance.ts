@@ -60,6 +60,7 @@ const ROUTES: Route[] = [
   ["DELETE", new RegExp(`^/v1/scenarios/${ID}$`), (c, [id]) => c.deleteScenario(id!)],
   ["POST", /^\/v1\/scenarios$/, (c, _, j) => c.createScenario(j as never)],
   ["POST", /^\/v1\/sessions$/, (c, _, j, o) => c.createSession(j as never, o)],
+  ["GET", /^\/v1\/sessions$/, (c, _, __, ___, q) => c.listSessions(page(q))],
   ["GET", new RegExp(`^/v1/sessions/${ID}$`), (c, [id]) => c.getSession(id!)],
   ["DELETE", new RegExp(`^/v1/sessions/${ID}$`), (c, [id]) => c.deleteSession(id!)],
   ["GET", new RegExp(`^/v1/sessions/${ID}/tools$`), (c, [id]) => c.tools(id!)],
