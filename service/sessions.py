@@ -99,15 +99,24 @@ class Sessions:
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
                                  field="init_config")
-        opening = None
-        if mode == "conversation":
-            if scenario is None:
-                raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
-                                     field="mode")
-            opening = await self._user_opening(scenario.task)
+        if mode == "conversation" and scenario is None:
+            raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
+                                 field="mode")
+        ids = [new_session_id() for _ in range(n)]
+        async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
+            opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
+            state = await self._initial_state(env, config, tenant)
+            now = time.time()
+            metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
+                                 mode=mode, opening=opening) for sid in ids]
+            await self._store(self.store.create_group(metas, state, state, []))
+        self.metrics.sessions.labels("create").inc(n)
+        return Created(metas, env, scenario)
+
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                state = await self.pool.init_state(env_code(env), config)
+                return await self.pool.init_state(env_code(env), config)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -118,26 +127,21 @@ class Sessions:
                                      reason=exc.kind) from exc
         except SandboxError as exc:
             raise Unavailable(exc.message) from exc
-        now = time.time()
-        metas = [SessionMeta(new_session_id(), env.env_id, scenario.scenario_id if scenario else None, now,
-                             tenant=tenant, mode=mode, opening=opening) for _ in range(n)]
-        await self._create(metas, state, state, [])
-        return Created(metas, env, scenario)
 
-    async def _create(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
-        """Store a group within the tenant's quota of live sessions, all or none."""
-        tenant, ids = metas[0].tenant, [m.session_id for m in metas]
+    @asynccontextmanager
+    async def _admitted(self, tenant: str, ids: list[str]) -> AsyncIterator[None]:
+        """Count ``ids`` against the tenant's quota of live sessions; uncount them if creation fails."""
         live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
         if live is not None:
             raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
                                 "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
                                 value=self.limits.max_sessions, retry_after=60)
         try:
-            await self._store(self.store.create_group(metas, state, initial, trajectory))
+            yield
         except BaseException:
             await self._store(self.store.forget(tenant, ids))
             raise
-        self.metrics.sessions.labels("fork" if metas[0].parent_id else "create").inc(len(metas))
+
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -377,7 +381,9 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
-        await self._create(metas, snap.state, snap.initial, snap.trajectory)
+        async with self._admitted(tenant, [m.session_id for m in metas]):
+            await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+        self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
