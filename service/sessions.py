@@ -19,6 +19,7 @@ from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
+from service.fairness import FairGate
 from service.observability import Metrics
 from service.offload import Offload, ViewError
 from service.problems import (
@@ -64,7 +65,7 @@ class SessionLimits:
     max_sessions: int = 10_000  # live sessions (forks included) per tenant
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
-    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold at once
+    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Sessions:
         self.offload = offload or Offload()
         self.metrics = metrics or Metrics()
         self.limits = limits or SessionLimits()
-        self._tenant_slots: dict[str, asyncio.Semaphore] = {}
+        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share)
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -262,16 +263,9 @@ class Sessions:
 
     @asynccontextmanager
     async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
-        """Hold one of the tenant's share of sandbox workers, so one tenant cannot occupy them all."""
-        if self.limits.tenant_sandbox_share >= 1.0:
-            yield
-            return
-        slots = self._tenant_slots.get(tenant)
-        if slots is None:
-            slots = asyncio.Semaphore(max(1, int(self.pool.size * self.limits.tenant_sandbox_share)))
-            self._tenant_slots[tenant] = slots
+        """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``)."""
         started = time.perf_counter()
-        async with slots:
+        async with self.gate.slot(tenant):
             self.metrics.sandbox_wait.observe(time.perf_counter() - started)
             yield
 
