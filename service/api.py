@@ -6,29 +6,57 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service import schemas
-from service.catalog import CatalogError, Scenario, ToolCall, build_environment, new_scenario_id
+from service import idempotency, schemas
+from service.auth import KeyRing, Principal
+from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
-from service.problems import MEDIA_TYPE, InvalidEnvironment
+from service.observability import Metrics
+from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
 from service.registry import Registry
-from service.sessions import Created, Sessions
+from service.sessions import Applied, Created, Sessions
+from service.store import Snapshot, StoreError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}, "description": text}
-    for status, text in {404: "Not found", 409: "Conflict", 413: "Payload too large", 422: "Invalid request",
-                         503: "Unavailable"}.items()
+    for status, text in {401: "Unauthorized", 403: "Forbidden", 404: "Not found", 409: "Conflict",
+                         413: "Payload too large", 422: "Invalid request", 429: "Quota exceeded",
+                         502: "Upstream failed", 503: "Unavailable"}.items()
 }
+bearer = HTTPBearer(auto_error=False, description="An API key; needed when the service has keys configured.")
+
+
+def _scope(scope: str) -> Any:
+    async def principal(request: Request,
+                        _: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
+        keys: KeyRing = request.app.state.keys
+        who = keys.authenticate(request.headers.get("authorization"), scope)
+        request.state.tenant = who.tenant or "-"  # for the access log
+        return who
+
+    return Depends(principal)
+
+
+Run = _scope("run")
+Admin = _scope("admin")
+# Trajectory pages: large enough for whole RL episodes, small enough to bound one response.
+MAX_PAGE = 1000
+
+IdempotencyKey = Header(default=None, alias=idempotency.HEADER, pattern=idempotency.KEY_PATTERN,
+                        description="Retries with the same key and body return the first answer and apply "
+                                    "nothing twice.")
 
 router = APIRouter(responses=PROBLEMS)
 
 
-def sessions(request: Request) -> Sessions:
+async def sessions(request: Request) -> Sessions:
     return request.app.state.sessions  # type: ignore[no-any-return]
 
 
-def registry(request: Request) -> Registry:
+async def registry(request: Request) -> Registry:
     return request.app.state.registry  # type: ignore[no-any-return]
 
 
@@ -38,15 +66,39 @@ def _utc(ts: float) -> datetime:
 
 @router.get("/healthz", response_model=schemas.Health, tags=["service"])
 async def healthz() -> schemas.Health:
+    """Liveness: the process answers."""
     return schemas.Health(status="ok")
+
+
+@router.get("/readyz", response_model=schemas.Health, tags=["service"])
+async def readyz(request: Request) -> schemas.Health:
+    """Readiness: the session store answers and the sandbox pool has a live worker (503 otherwise)."""
+    engine: Sessions = request.app.state.sessions
+    try:
+        await asyncio.wait_for(engine.store.ping(), 2.0)
+    except (StoreError, TimeoutError) as exc:
+        raise Unavailable(f"the session store does not answer: {exc}") from None
+    pool = engine.pool
+    if pool.size - len(getattr(pool, "_pending", ())) <= 0:
+        raise Unavailable("no sandbox worker is running; they are being restarted")
+    return schemas.Health(status="ready")
+
+
+@router.get("/metrics", tags=["service"], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this replica."""
+    registry: Metrics = request.app.state.metrics
+    registry.observe_pool(request.app.state.pool)
+    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- environments ---------------------------------------------------------------------------
 @router.get("/v1/environments", response_model=schemas.EnvironmentList, tags=["environments"])
-async def list_environments(reg: Registry = Depends(registry)) -> schemas.EnvironmentList:
-    envs = await reg.environments()
+async def list_environments(who: Principal = Run, reg: Registry = Depends(registry)) -> schemas.EnvironmentList:
+    envs = await reg.environments(who.tenant)
     counts: dict[str, int] = {}
-    for scenario in await reg.scenarios():
+    for scenario in await reg.scenarios(who.tenant):
         counts[scenario.env_id] = counts.get(scenario.env_id, 0) + 1
     return schemas.EnvironmentList(environments=[
         schemas.EnvironmentSummary(env_id=e.env_id, class_name=e.class_name, summary=e.summary,
@@ -61,28 +113,36 @@ def _env_detail(env: Any) -> schemas.EnvironmentDetail:
 
 
 @router.get("/v1/environments/{env_id}", response_model=schemas.EnvironmentDetail, tags=["environments"])
-async def get_environment(env_id: str, reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
-    return _env_detail(await reg.environment(env_id))
+async def get_environment(env_id: str, who: Principal = Run,
+                          reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
+    return _env_detail(await reg.environment(env_id, who.tenant))
 
 
 @router.post("/v1/environments", status_code=201, response_model=schemas.EnvironmentDetail, tags=["environments"])
-async def create_environment(body: schemas.EnvironmentCreate,
+async def create_environment(body: schemas.EnvironmentCreate, request: Request, who: Principal = Admin,
                              reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
     try:
-        # Static analysis of up to 1 MiB of code: off the event loop.
-        env = await asyncio.to_thread(
-            build_environment, env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
+        # Static analysis of up to 1 MiB of code, in a bounded child process.
+        env = await request.app.state.analysis.environment(
+            env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
             introduction=body.introduction, rules=body.rules)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
-    return _env_detail(await reg.add_environment(env))
+    return _env_detail(await reg.add_environment(env, who.tenant))
+
+
+@router.delete("/v1/environments/{env_id}", status_code=204, response_class=Response, tags=["environments"])
+async def delete_environment(env_id: str, who: Principal = Admin, reg: Registry = Depends(registry)) -> Response:
+    """Remove an environment this tenant added; its sessions answer 404 from then on."""
+    await reg.delete("environments", env_id, who.tenant)
+    return Response(status_code=204)
 
 
 # -- scenarios ------------------------------------------------------------------------------
 @router.get("/v1/environments/{env_id}/scenarios", response_model=schemas.ScenarioList, tags=["scenarios"])
-async def list_scenarios(env_id: str, reg: Registry = Depends(registry)) -> schemas.ScenarioList:
-    await reg.environment(env_id)
-    items = [s for s in await reg.scenarios() if s.env_id == env_id]
+async def list_scenarios(env_id: str, who: Principal = Run, reg: Registry = Depends(registry)) -> schemas.ScenarioList:
+    await reg.environment(env_id, who.tenant)
+    items = [s for s in await reg.scenarios(who.tenant) if s.env_id == env_id]
     return schemas.ScenarioList(scenarios=[
         schemas.ScenarioSummary(scenario_id=s.scenario_id, env_id=s.env_id, task=s.task)
         for s in sorted(items, key=lambda s: s.scenario_id)
@@ -94,12 +154,14 @@ def _scenario_detail(s: Scenario) -> schemas.ScenarioDetail:
 
 
 @router.get("/v1/scenarios/{scenario_id}", response_model=schemas.ScenarioDetail, tags=["scenarios"])
-async def get_scenario(scenario_id: str, reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
-    return _scenario_detail(await reg.scenario(scenario_id))
+async def get_scenario(scenario_id: str, who: Principal = Run,
+                       reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
+    return _scenario_detail(await reg.scenario(scenario_id, who.tenant))
 
 
 @router.post("/v1/scenarios", status_code=201, response_model=schemas.ScenarioDetail, tags=["scenarios"])
-async def create_scenario(body: schemas.ScenarioCreate, reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
+async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
+                          reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
     scenario = Scenario(
         scenario_id=body.scenario_id or new_scenario_id(),
         env_id=body.env_id,
@@ -110,74 +172,157 @@ async def create_scenario(body: schemas.ScenarioCreate, reg: Registry = Depends(
             ToolCall(name=c.name, arguments=c.arguments) for c in body.reference_solution
         ],
     )
-    return _scenario_detail(await reg.add_scenario(scenario))
+    return _scenario_detail(await reg.add_scenario(scenario, who.tenant))
+
+
+@router.delete("/v1/scenarios/{scenario_id}", status_code=204, response_class=Response, tags=["scenarios"])
+async def delete_scenario(scenario_id: str, who: Principal = Admin, reg: Registry = Depends(registry)) -> Response:
+    """Remove a scenario this tenant added."""
+    await reg.delete("scenarios", scenario_id, who.tenant)
+    return Response(status_code=204)
 
 
 # -- sessions -------------------------------------------------------------------------------
-def _created(created: Created) -> schemas.SessionCreated:
+def _created(created: Created) -> dict[str, Any]:
+    meta = created.meta
+    conversation = meta.mode == "conversation"
     return schemas.SessionCreated(
-        session_id=created.meta.session_id,
+        session_id=meta.session_id,
+        session_ids=[m.session_id for m in created.metas],
         env_id=created.env.env_id,
-        scenario_id=created.meta.scenario_id,
-        task=created.scenario.task if created.scenario else None,
+        scenario_id=meta.scenario_id,
+        mode="conversation" if conversation else "task",
+        task=created.scenario.task if created.scenario and not conversation else None,
+        user_message=meta.opening,
         introduction=created.env.introduction,
         rules=created.env.rules,
         tools=created.env.tools,
-    )
+    ).model_dump(mode="json")
+
+
+def _group_size(n: int, request: Request) -> int:
+    limit = request.app.state.settings.max_group
+    if n > limit:
+        raise InvalidRequest(f"n: at most {limit} sessions per request (max_group)", field="n", limit="max_group",
+                             value=limit)
+    return n
+
+
+async def _once(request: Request, response: Response, key: str | None, route: str, body: Any,
+                run: Any, tenant: str) -> dict[str, Any]:
+    """Run a session-creating request once per Idempotency-Key."""
+    if key is None:
+        answer: dict[str, Any] = await run()
+        return answer
+    engine: Sessions = request.app.state.sessions
+    answer, replayed = await idempotency.once(engine.store, f"{tenant}:{route}", key,
+                                              idempotency.fingerprint(route, body),
+                                              engine.pool.longest_request, run)
+    if replayed:
+        response.headers[idempotency.REPLAYED] = "true"
+    return answer
 
 
 @router.post("/v1/sessions", status_code=201, response_model=schemas.SessionCreated, tags=["sessions"])
-async def create_session(body: schemas.SessionCreate, engine: Sessions = Depends(sessions)) -> schemas.SessionCreated:
-    return _created(await engine.create(body.scenario_id, body.env_id, body.init_config))
+async def create_session(body: schemas.SessionCreate, request: Request, response: Response,
+                         key: str | None = IdempotencyKey, who: Principal = Run,
+                         engine: Sessions = Depends(sessions)) -> Any:
+    n = _group_size(body.n, request)
+
+    async def run() -> dict[str, Any]:
+        return _created(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
+                                            tenant=who.tenant))
+
+    return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
 
 
-@router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
-async def get_session(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.SessionInfo:
-    snap = await engine.snapshot(session_id)
+def _info(snap: Snapshot) -> schemas.SessionInfo:
     meta = snap.meta
     return schemas.SessionInfo(session_id=meta.session_id, env_id=meta.env_id, scenario_id=meta.scenario_id,
-                               parent_id=meta.parent_id, steps=meta.step, created_at=_utc(meta.created_at),
+                               parent_id=meta.parent_id, mode="conversation" if meta.mode == "conversation" else "task",
+                               done=meta.done, steps=meta.step, created_at=_utc(meta.created_at),
                                expires_at=_utc(snap.expires_at))
 
 
+@router.get("/v1/sessions", response_model=schemas.SessionList, tags=["sessions"])
+async def list_sessions(offset: int = Query(default=0, ge=0), limit: int = Query(default=100, ge=1, le=MAX_PAGE),
+                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.SessionList:
+    """This tenant's live sessions, the next to expire first."""
+    snaps, total = await engine.live(offset, limit, tenant=who.tenant)
+    return schemas.SessionList(sessions=[_info(s) for s in snaps], total=total, offset=offset)
+
+
+@router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
+async def get_session(session_id: str, who: Principal = Run,
+                      engine: Sessions = Depends(sessions)) -> schemas.SessionInfo:
+    return _info(await engine.snapshot(session_id, tenant=who.tenant))
+
+
 @router.get("/v1/sessions/{session_id}/tools", response_model=schemas.ToolList, tags=["sessions"])
-async def get_tools(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.ToolList:
-    env = await engine.environment_of(await engine.snapshot(session_id))
+async def get_tools(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.ToolList:
+    env = await engine.environment_of(await engine.snapshot(session_id, tenant=who.tenant))
     return schemas.ToolList(tools=env.tools)
 
 
+def _replayed(applied: Applied, response: Response) -> dict[str, Any]:
+    if applied.replayed:
+        response.headers[idempotency.REPLAYED] = "true"
+    return applied.record
+
+
 @router.post("/v1/sessions/{session_id}/calls", response_model=schemas.CallResult, tags=["sessions"])
-async def call_tool(session_id: str, body: schemas.ToolCallRequest,
+async def call_tool(session_id: str, body: schemas.ToolCallRequest, response: Response,
+                    key: str | None = IdempotencyKey, who: Principal = Run,
                     engine: Sessions = Depends(sessions)) -> schemas.CallResult:
-    record = await engine.call(session_id, body.name, body.arguments)
+    record = _replayed(await engine.call(session_id, body.name, body.arguments, key=key, tenant=who.tenant), response)
     return schemas.CallResult(step=record["step"], ok=record["ok"], result=record["result"],
                               error=record["error"], observation=record["observation"])
 
 
+@router.post("/v1/sessions/{session_id}/messages", response_model=schemas.MessageResult, tags=["sessions"])
+async def send_message(session_id: str, body: schemas.MessageRequest, response: Response,
+                       key: str | None = IdempotencyKey, who: Principal = Run,
+                       engine: Sessions = Depends(sessions)) -> schemas.MessageResult:
+    record = _replayed(await engine.message(session_id, body.content, key=key, tenant=who.tenant), response)
+    return schemas.MessageResult(step=record["step"], reply=record["reply"], done=record["done"])
+
+
 @router.get("/v1/sessions/{session_id}/state", response_model=schemas.StateView, tags=["sessions"])
-async def get_state(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.StateView:
-    step, state = await engine.state_view(session_id)
-    return schemas.StateView(step=step, state=state)
+async def get_state(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
+    step, view = await engine.state_view(session_id, tenant=who.tenant)
+    # Already JSON text: re-encoding a large state through the response model would hold the loop again.
+    return Response(content=f'{{"step":{step},"state":{view}}}', media_type="application/json")
 
 
-@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"])
-async def get_trajectory(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.Trajectory:
-    return schemas.Trajectory.model_validate({"steps": await engine.trajectory(session_id)})
+@router.get("/v1/sessions/{session_id}/trajectory", response_model=schemas.Trajectory, tags=["sessions"],
+            response_model_exclude_unset=True)
+async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
+                         limit: int = Query(default=MAX_PAGE, ge=1, le=MAX_PAGE), who: Principal = Run,
+                         engine: Sessions = Depends(sessions)) -> schemas.Trajectory:
+    steps, total = await engine.trajectory(session_id, offset, limit, tenant=who.tenant)
+    return schemas.Trajectory.model_validate({"steps": steps, "total": total, "offset": offset})
 
 
 @router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"])
-async def score_session(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.Score:
-    return schemas.Score.model_validate(await engine.score(session_id))
+async def score_session(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.Score:
+    return schemas.Score.model_validate(await engine.score(session_id, tenant=who.tenant))
 
 
 @router.post("/v1/sessions/{session_id}/fork", status_code=201, response_model=schemas.SessionCreated,
              tags=["sessions"])
-async def fork_session(session_id: str, engine: Sessions = Depends(sessions)) -> schemas.SessionCreated:
-    return _created(await engine.fork(session_id))
+async def fork_session(session_id: str, request: Request, response: Response,
+                       body: schemas.ForkRequest | None = None, key: str | None = IdempotencyKey,
+                       who: Principal = Run, engine: Sessions = Depends(sessions)) -> Any:
+    n = _group_size(body.n if body else 1, request)
+
+    async def run() -> dict[str, Any]:
+        return _created(await engine.fork(session_id, n=n, tenant=who.tenant))
+
+    return await _once(request, response, key, "fork", {"session_id": session_id, "n": n}, run, who.tenant)
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])
-async def delete_session(session_id: str, engine: Sessions = Depends(sessions)) -> Response:
-    await engine.delete(session_id)
+async def delete_session(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
+    await engine.delete(session_id, tenant=who.tenant)
     return Response(status_code=204)
 

@@ -10,14 +10,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import problems
+from service import mcp, problems
+from service.analysis import Analysis
 from service.api import router
+from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit
+from service.observability import Metrics, RequestLog
 from service.registry import Registry
 from service.sessions import Sessions
 from service.settings import Settings
 from service.store import SessionStore
+from service.user_llm import UserSimulator
 
 log = logging.getLogger("envfoundry")
 
@@ -64,9 +68,18 @@ def make_pool(settings: Settings) -> WorkerPool:
                       acquire_timeout=settings.sandbox_wait)
 
 
+def make_user(settings: Settings) -> UserSimulator | None:
+    """The simulated user of conversation mode, when an endpoint is configured."""
+    if not settings.user_llm_base_url:
+        return None
+    return UserSimulator(settings.user_llm_base_url, settings.user_llm_model, settings.user_llm_api_key,
+                         timeout=settings.user_llm_timeout, temperature=settings.user_llm_temperature)
+
+
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     """The app; ``catalog`` is loaded from ``settings`` at start-up unless given."""
     settings = settings or Settings()
+    keys = KeyRing.load(settings.api_keys, settings.api_keys_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,22 +88,33 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         await store.ping()
         pool = make_pool(settings)
         await pool.start()
-        registry = Registry(loaded, store, pool)
+        registry = Registry(loaded, store, pool, max_environments=settings.max_environments,
+                            max_scenarios=settings.max_scenarios)
+        user = make_user(settings)
         app.state.settings = settings
+        app.state.keys = keys
+        app.state.analysis = Analysis()
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
-        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait)
+        app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user,
+                                      limits=settings.session_limits(), metrics=metrics)
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
         try:
-            yield
+            async with mcp.serving(app, settings.max_body_bytes):
+                yield
         finally:
+            app.state.sessions.offload.close()
             await pool.close()
             await store.close()
+            if user is not None:
+                await user.close()
 
     app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
+    metrics = Metrics()
+    app.state.metrics = metrics
     problems.install(app)
 
     @app.exception_handler(Exception)
@@ -100,5 +124,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                                          "it has been logged", request.url.path)
 
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    mcp.mount(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
+    app.add_middleware(RequestLog, metrics=metrics)  # outermost: refused bodies are counted and logged too
     return app

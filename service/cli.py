@@ -27,14 +27,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app, load_catalog
+    from service.auth import KeyFileError, KeyRing
+    from service.observability import configure_logging
 
     settings = _settings(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(settings.log_format)
+    try:
+        keys = KeyRing.load(settings.api_keys, settings.api_keys_file)
+    except KeyFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not keys.enabled:
+        if not _loopback(settings.host):
+            print(f"error: refusing to listen on {settings.host} without API keys: anyone who reaches the port could "
+                  "submit code. Set ENVFOUNDRY_API_KEYS or ENVFOUNDRY_API_KEYS_FILE (envfoundry keys new prints a "
+                  "key), or listen on 127.0.0.1.", file=sys.stderr)
+            return 2
+        print("no API keys configured: listening on loopback only; every client has every scope", flush=True)
     catalog = load_catalog(settings)  # before binding the port: a missing folder is a plain error
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
           flush=True)
-    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info",
+                log_config=log_config, access_log=False)
     return 0
 
 
@@ -53,6 +68,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             await pool.close()
         for note in report.notes:
             print(f"NOTE {note}")
+        for line in provenance_lines([Path(p) for p in args.dirs]):
+            print(line)
         for problem in report.problems:
             print(f"PROBLEM {problem}")
         print(f"{report.environments} environments, {report.scenarios} scenarios, {len(report.problems)} problems")
@@ -60,6 +77,63 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     return asyncio.run(run())
+
+
+def provenance_lines(folders: list[Path]) -> list[str]:
+    """What synthesis recorded about each package: its assessment and its scenarios' validation history."""
+    import json
+
+    lines: list[str] = []
+    for root in folders:
+        manifests = [root / "env.json"] if (root / "env.json").is_file() else sorted(root.glob("*/env.json"))
+        for manifest_path in manifests:
+            try:
+                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # the validation itself reports unreadable packages
+            assessment = (manifest.get("provenance") or {}).get("assessment")
+            if isinstance(assessment, dict):
+                lines.append(f"PROVENANCE {manifest.get('env_id')}: {assessment.get('rounds')} rounds, verdicts "
+                             f"{assessment.get('counts')} (before repair {assessment.get('first_counts')}), "
+                             f"repaired {assessment.get('repaired', [])}, removed {assessment.get('removed', [])}")
+            scenarios = manifest_path.with_name("scenarios.jsonl")
+            for raw in scenarios.read_text(encoding="utf-8").splitlines() if scenarios.is_file() else []:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                history = record.get("provenance") if isinstance(record, dict) else None
+                if isinstance(history, dict) and history.get("validations", 1) > 1:
+                    diagnoses = [h["diagnosis"].get("diagnosis") for h in history.get("history", [])
+                                 if isinstance(h.get("diagnosis"), dict)]
+                    lines.append(f"PROVENANCE {record.get('scenario_id')}: {history['validations']} validations over "
+                                 f"{history.get('drafts', 1)} drafts, diagnoses {diagnoses}")
+    return lines
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    import re
+
+    from service.auth import new_key
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.tenant):
+        print("error: --tenant: 1 to 64 letters, digits, '_', '.' or '-'", file=sys.stderr)
+        return 2
+    key, line = new_key(args.tenant, sorted(set(args.scope or ["run"])))
+    print(f"key (give it to the client; it is not stored anywhere): {key}")
+    print(f"line (add it to ENVFOUNDRY_API_KEYS_FILE or ENVFOUNDRY_API_KEYS): {line}")
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -132,9 +206,18 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--envs-out", required=True, metavar="ENVS.json")
     exp.add_argument("--scenarios-out", required=True, metavar="SCENARIOS.json")
     exp.set_defaults(run=cmd_export)
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    new = keys.add_parser("new", help="print a fresh API key and the hashed line that grants it")
+    new.add_argument("--tenant", required=True, help="the tenant the key acts for (letters, digits, _ . -)")
+    new.add_argument("--scope", action="append", choices=["run", "admin"], help="repeatable; default: run")
+    new.set_defaults(run=cmd_keys_new)
     from synthesis.cli import add_parser as add_synth_parser
 
     add_synth_parser(sub)
+
+    # rollout and export live in the client package; main() hands their arguments over unparsed.
+    for name, text in CLIENT_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
 
     spec = sub.add_parser("openapi", help="print the OpenAPI document (openapi/openapi.json is this output)")
     spec.add_argument("--out", metavar="FILE")
@@ -142,7 +225,22 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+CLIENT_COMMANDS = {
+    "rollout": "run an agent (any OpenAI-compatible endpoint) on scenarios; write trajectories as JSONL",
+    "export": "turn rollout JSONL into fine-tuning data (export sft)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in CLIENT_COMMANDS:
+        try:
+            from envfoundry_client.cli import main as client_main
+        except ImportError:
+            print(f"error: '{argv[0]}' comes with the client package: pip install clients/python", file=sys.stderr)
+            return 2
+
+        return client_main(argv, prog="envfoundry")
     args = parser().parse_args(argv)
     try:
         return int(args.run(args))

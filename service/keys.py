@@ -15,11 +15,12 @@ class SessionKeys:
     state: str
     initial: str
     trajectory: str
+    idempotency: str
     lock: str
 
-    def data(self) -> tuple[str, str, str, str]:
+    def data(self) -> tuple[str, str, str, str, str]:
         """Keys whose TTL moves together (the lock has its own lease)."""
-        return (self.meta, self.state, self.initial, self.trajectory)
+        return (self.meta, self.state, self.initial, self.trajectory, self.idempotency)
 
 
 class Keys:
@@ -33,13 +34,20 @@ class Keys:
             state=f"{base}:state",
             initial=f"{base}:initial",
             trajectory=f"{base}:trajectory",
+            idempotency=f"{base}:idempotency",
             lock=f"{base}:lock",
         )
 
-    @property
-    def environments(self) -> str:
-        return f"{self.prefix}:catalog:environments"
+    def request(self, name: str) -> str:
+        """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
+        return f"{self.prefix}:request:{name}"
 
-    @property
-    def scenarios(self) -> str:
-        return f"{self.prefix}:catalog:scenarios"
+    def live_sessions(self, tenant: str) -> str:
+        """A tenant's sessions (sorted set, scored by when each expires unless used again)."""
+        return f"{self.prefix}:tenant:{{{tenant}}}:sessions"
+
+    def records(self, kind: str, tenant: str = "") -> str:
+        """A tenant's catalog records of ``kind`` ('environments' or 'scenarios'), one hash."""
+        if kind not in ("environments", "scenarios"):
+            raise ValueError(f"unknown record kind {kind!r}")
+        return f"{self.prefix}:catalog:{tenant + ':' if tenant else ''}{kind}"

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
-from service.store import LockTimeout, SessionMeta, Snapshot
+from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot
 
 
 @dataclass
@@ -18,6 +18,7 @@ class _Entry:
     initial: str
     trajectory: list[str] = field(default_factory=list)
     expires_at: float = 0.0
+    idempotency: dict[str, str] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -25,10 +26,12 @@ class MemoryStore:
         self.ttl = ttl
         self._sessions: dict[str, _Entry] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._records: dict[str, dict[str, str]] = {"environments": {}, "scenarios": {}}
+        self._records: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, kind) -> key -> value
+        self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
+        self._live: dict[str, dict[str, float]] = {}  # tenant -> session id -> expires at
         self._last_sweep = 0.0
 
-    def _live(self, session_id: str) -> _Entry | None:
+    def _entry(self, session_id: str) -> _Entry | None:
         now = time.time()
         if now - self._last_sweep > 60:
             self._sweep(now)
@@ -46,14 +49,20 @@ class MemoryStore:
         self._last_sweep = now
         for session_id in [k for k, e in self._sessions.items() if e.expires_at <= now]:
             del self._sessions[session_id]
+        for key in [k for k, (_, expires) in self._requests.items() if expires <= now]:
+            del self._requests[key]
 
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        self._sessions[meta.session_id] = _Entry(
-            replace(meta), state, initial, list(trajectory), time.time() + self.ttl
-        )
+        await self.create_group([meta], state, initial, trajectory)
+
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        for meta in metas:
+            self._sessions[meta.session_id] = _Entry(
+                replace(meta), state, initial, list(trajectory), time.time() + self.ttl
+            )
 
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         if entry is None:
             return None
         return Snapshot(
@@ -64,22 +73,50 @@ class MemoryStore:
             trajectory=list(entry.trajectory) if trajectory else [],
         )
 
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
-        entry = self._live(session_id)
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
+        entry = self._entry(session_id)
+        if tenant is not None and session_id in self._live.get(tenant, {}):
+            self._live[tenant][session_id] = time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
             return False
         if state is not None:
             entry.state = state
         entry.trajectory.append(record)
         entry.meta.step += 1
+        entry.meta.done = entry.meta.done or done
+        if idempotency is not None:
+            entry.idempotency[idempotency[0]] = idempotency[1]
         return True
 
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        entry = self._entry(session_id)
+        return None if entry is None else entry.idempotency.get(key)
+
     async def trajectory(self, session_id: str) -> list[str] | None:
-        entry = self._live(session_id)
+        entry = self._entry(session_id)
         return None if entry is None else list(entry.trajectory)
 
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        entry = self._entry(session_id)
+        return None if entry is None else (entry.trajectory[offset:offset + limit], len(entry.trajectory))
+
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        now = time.time()
+        existing = self._requests.get(key)
+        if existing is not None and existing[1] > now:
+            return existing[0]
+        self._requests[key] = (value, now + lease)
+        return None
+
+    async def finish_request(self, key: str, value: str) -> None:
+        self._requests[key] = (value, time.time() + self.ttl)
+
+    async def release_request(self, key: str) -> None:
+        self._requests.pop(key, None)
+
     async def delete(self, session_id: str) -> bool:
-        return self._live(session_id) is not None and self._sessions.pop(session_id, None) is not None
+        return self._entry(session_id) is not None and self._sessions.pop(session_id, None) is not None
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
@@ -101,17 +138,43 @@ class MemoryStore:
             else:
                 self._locks[session_id] = (lock, users - 1)
 
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        existing = self._records[kind].get(key)
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        now = time.time()
+        live = {k: v for k, v in self._live.get(tenant, {}).items() if v > now}
+        if len(live) + len(session_ids) > limit:
+            self._live[tenant] = live
+            return len(live)
+        live.update({sid: now + self.ttl for sid in session_ids})
+        self._live[tenant] = live
+        return None
+
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        now = time.time()
+        alive = sorted((expires, sid) for sid, expires in self._live.get(tenant, {}).items() if expires > now)
+        return [sid for _, sid in alive[offset:offset + limit]], len(alive)
+
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        for sid in session_ids:
+            self._live.get(tenant, {}).pop(sid, None)
+
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        records = self._records.setdefault((tenant, kind), {})
+        existing = records.get(key)
         if existing is None:
-            self._records[kind][key] = value
+            if limit is not None and len(records) >= limit:
+                raise RecordLimit(f"{kind}: at most {limit}")
+            records[key] = value
         return existing
 
-    async def get_record(self, kind: str, key: str) -> str | None:
-        return self._records[kind].get(key)
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        return self._records.get((tenant, kind), {}).get(key)
 
-    async def all_records(self, kind: str) -> dict[str, str]:
-        return dict(self._records[kind])
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        return dict(self._records.get((tenant, kind), {}))
+
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        return self._records.get((tenant, kind), {}).pop(key, None) is not None
 
     async def ping(self) -> None:
         return None

@@ -7,13 +7,23 @@
     ├── Conflict            409 conflict             (id taken, concurrent change)
     ├── PayloadTooLarge     413 payload-too-large
     ├── SessionBusy         409 session-busy         (previous call still running)
-    └── Unavailable         503 unavailable          (sandbox or store down)
+    ├── IdempotencyKeyReused 422 idempotency-key-reused (same key, different request)
+    ├── NotConversation     409 not-conversation     (messages to a task-mode session)
+    ├── ConversationEnded   409 conversation-ended   (the simulated user already stopped)
+    ├── UserLLMFailed       502 user-llm-failed      (the simulated user's endpoint failed)
+    ├── Unavailable         503 unavailable          (sandbox or store down)
+    ├── UserLLMUnavailable  503 user-llm-unavailable (no simulated user configured)
+    ├── Unauthorized        401 unauthorized         (no API key, or an unknown one)
+    ├── Forbidden           403 forbidden            (the key lacks the scope)
+    ├── LimitExceeded       422 limit-exceeded       (a named bound: array length, depth, size...)
+    └── QuotaExceeded       429 quota-exceeded       (a tenant's quota; Retry-After says when to retry)
 
 ``type`` is a stable URN per class; clients branch on it, not on ``detail``. A store error that
 reaches the edge untranslated is a 503 too, never a 500: an outage is not a bug.
 
-409 and 503 answers carry ``Retry-After``: the seconds the failing part announced (an
-unreachable Redis says when it will be tried again) or, without such a figure, one second.
+Retryable problems (session busy, unavailable, a failed simulated user) and quotas carry
+``Retry-After``: the seconds the failing part announced (an unreachable Redis says when it will be
+tried again, a quota when it frees up) or, without such a figure, one second.
 """
 
 from __future__ import annotations
@@ -29,6 +39,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.store import StoreError
 
 MEDIA_TYPE = "application/problem+json"
+# Validation problems listed in one answer (the rest are counted in ``errors_omitted``).
+MAX_ERRORS = 20
+# Problems a client may retry as they are (the same request can succeed later).
+RETRYABLE = frozenset({"session-busy", "unavailable", "user-llm-failed"})
 
 
 def problem_type(slug: str) -> str:
@@ -88,16 +102,76 @@ class Unavailable(ServiceError):
     title = "Service unavailable"
 
 
+class IdempotencyKeyReused(ServiceError):
+    status = 422
+    slug = "idempotency-key-reused"
+    title = "Idempotency key reused"
+
+
+class NotConversation(ServiceError):
+    status = 409
+    slug = "not-conversation"
+    title = "Not a conversation"
+
+
+class ConversationEnded(ServiceError):
+    status = 409
+    slug = "conversation-ended"
+    title = "Conversation ended"
+
+
+class UserLLMFailed(ServiceError):
+    status = 502
+    slug = "user-llm-failed"
+    title = "Simulated user failed"
+
+
+class Unauthorized(ServiceError):
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
+
+
+class LimitExceeded(ServiceError):
+    """A request over a named bound; ``extra`` carries ``limit`` (its name) and ``value``."""
+
+    status = 422
+    slug = "limit-exceeded"
+    title = "Limit exceeded"
+
+
+class QuotaExceeded(ServiceError):
+    """``extra`` carries ``quota`` (its name), ``value`` and ``retry_after`` (seconds)."""
+
+    status = 429
+    slug = "quota-exceeded"
+    title = "Quota exceeded"
+
+
+class UserLLMUnavailable(ServiceError):
+    status = 503
+    slug = "user-llm-unavailable"
+    title = "No simulated user"
+
+
 def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,
                      retry_after: float | None = None, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
     if instance:
         body["instance"] = instance
     body.update(extra)
-    headers = None
-    if status in (409, 503) and slug != "conflict":
-        headers = {"Retry-After": str(max(1, math.ceil(retry_after or 0)))}
-    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+    headers: dict[str, str] = {}
+    if slug in RETRYABLE or retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after or 0)))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers or None)
 
 
 def announced_retry(exc: BaseException | None) -> float | None:
@@ -122,8 +196,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        extra = dict(exc.extra)
+        retry = extra.pop("retry_after", None)
         return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path,
-                                announced_retry(exc), **exc.extra)
+                                retry if retry is not None else announced_retry(exc), **extra)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> JSONResponse:
@@ -132,10 +208,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        # A body can fail in millions of places; the answer names the first few, never echoes input.
+        raw = exc.errors()
+        errors = [{"field": _field(e.get("loc", ()))[:200], "message": str(e.get("msg", ""))[:500]}
+                  for e in raw[:MAX_ERRORS]]
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         detail = f"{first['field']}: {first['message']}"
-        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, errors=errors)
+        extra: dict[str, Any] = {"errors": errors}
+        if len(raw) > MAX_ERRORS:
+            extra["errors_omitted"] = len(raw) - MAX_ERRORS
+        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, **extra)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

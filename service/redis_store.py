@@ -13,11 +13,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.keys import Keys
-from service.store import LockTimeout, SessionMeta, Snapshot, StoreError
+from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
 
 # While Redis is unreachable, requests fail at once and the store tries it again after a delay that
 # doubles from the first to the longest; the delay left is the Retry-After clients are told.
@@ -30,13 +30,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 # Compare-and-set on the step: a stale caller can never apply a step twice.
+# The idempotency key is written in the same script, so a step and the record of which request
+# made it exist together or not at all.
 COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then return 0 end
 if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
 redis.call('RPUSH', KEYS[4], ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'step', 1)
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
+for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 return 1
 """
 
@@ -45,10 +49,31 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-PUT_RECORD = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return false end
-return redis.call('HGET', KEYS[1], ARGV[1])
+ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local live = redis.call('ZCARD', KEYS[1])
+if live + #ARGV - 3 > tonumber(ARGV[2]) then return live end
+for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
+redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+return -1
 """
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+PUT_RECORD = """
+local existing = redis.call('HGET', KEYS[1], ARGV[1])
+if existing then return existing end
+if tonumber(ARGV[3]) >= 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {err = 'record limit'} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false
+"""
+
+
+# How long a lock outlives a holder that stopped renewing it.
+HEARTBEAT = 10.0
 
 
 class StoreUnavailable(StoreError):
@@ -122,6 +147,8 @@ class RedisStore:
         self._commit = self.client.register_script(COMMIT)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
+        self._admit = self.client.register_script(ADMIT)
+        self._renew = self.client.register_script(RENEW)
 
     async def translate(self, exc: RedisError) -> StoreError:
         """Our error for a Redis error; an unreachable Redis also drops the pool's idle connections,
@@ -138,18 +165,23 @@ class RedisStore:
     def _ttl_ms(self) -> int:
         return int(self.ttl * 1000)
 
-    @_translated
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        k = self.keys.session(meta.session_id)
+        await self.create_group([meta], state, initial, trajectory)
+
+    @_translated
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        # One MULTI: every session of the group exists, or none does.
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(*k.data())  # a create never extends what an old session left
-            pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
-            pipe.set(k.state, state)
-            pipe.set(k.initial, initial)
-            if trajectory:
-                pipe.rpush(k.trajectory, *trajectory)
-            for key in k.data():
-                pipe.pexpire(key, self._ttl_ms)
+            for meta in metas:
+                k = self.keys.session(meta.session_id)
+                pipe.delete(*k.data())  # a create never extends what an old session left
+                pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
+                pipe.set(k.state, state)
+                pipe.set(k.initial, initial)
+                if trajectory:
+                    pipe.rpush(k.trajectory, *trajectory)
+                for key in k.data():
+                    pipe.pexpire(key, self._ttl_ms)
             await pipe.execute()
 
     @_translated
@@ -176,13 +208,49 @@ class RedisStore:
         )
 
     @_translated
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
         k = self.keys.session(session_id)
-        outcome = await self._commit(
-            keys=[k.meta, k.state, k.initial, k.trajectory],
-            args=[expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms],
-        )
-        return int(outcome) == 1
+        key, value = idempotency or ("", "")
+        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+                "1" if done else "0", key, value]
+        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency]
+        if tenant is None:
+            return int(await self._commit(keys=keys, args=args)) == 1
+        # One round trip: the commit and the refresh of the tenant's live count (another slot in a cluster).
+        expires = int((time.time() + self.ttl) * 1000)
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._commit(keys=keys, args=args, client=pipe)
+            pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
+            pipe.pexpireat(self.keys.live_sessions(tenant), expires)
+            results: list[Any] = await pipe.execute()
+        return int(results[0]) == 1
+
+    @_translated
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        now = int(time.time() * 1000)
+        live = await self._admit(keys=[self.keys.live_sessions(tenant)],
+                                 args=[now, limit, now + self._ttl_ms, *session_ids])
+        return None if int(live) < 0 else int(live)
+
+    @_translated
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        key, now = self.keys.live_sessions(tenant), int(time.time() * 1000)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zrangebyscore(key, now, "+inf", start=offset, num=limit)
+            pipe.zcount(key, now, "+inf")
+            ids, total = await pipe.execute()
+        return [str(i) for i in ids], int(total)
+
+    @_translated
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        if session_ids:
+            await self.client.zrem(self.keys.live_sessions(tenant), *session_ids)
+
+    @_translated
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        value = await self.client.hget(self.keys.session(session_id).idempotency, key)
+        return None if value is None else str(value)
 
     @_translated
     async def trajectory(self, session_id: str) -> list[str] | None:
@@ -196,6 +264,34 @@ class RedisStore:
         return list(results[1]) if results[0] else None
 
     @_translated
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        k = self.keys.session(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.exists(k.meta)
+            pipe.lrange(k.trajectory, offset, offset + limit - 1)
+            pipe.llen(k.trajectory)
+            for key in k.data():
+                pipe.pexpire(key, self._ttl_ms)
+            results: list[Any] = await pipe.execute()
+        return (list(results[1]), int(results[2])) if results[0] else None
+
+    @_translated
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        name = self.keys.request(key)
+        if await self.client.set(name, value, nx=True, px=int(lease * 1000)):
+            return None
+        existing = await self.client.get(name)
+        return "" if existing is None else str(existing)
+
+    @_translated
+    async def finish_request(self, key: str, value: str) -> None:
+        await self.client.set(self.keys.request(key), value, px=self._ttl_ms)
+
+    @_translated
+    async def release_request(self, key: str) -> None:
+        await self.client.delete(self.keys.request(key))
+
+    @_translated
     async def delete(self, session_id: str) -> bool:
         k = self.keys.session(session_id)
         removed = await self.client.delete(*k.data())
@@ -203,12 +299,17 @@ class RedisStore:
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
+        """The lock is held for a short lease that the holder renews while it works, so a holder that
+        dies (kill -9) blocks the session for at most ``HEARTBEAT`` seconds, not the longest request."""
         key = self.keys.session(session_id).lock
         token = secrets.token_hex(16)
-        await self._acquire(key, token, wait, lease, session_id)
+        held = min(lease, HEARTBEAT)
+        await self._acquire(key, token, wait, held, session_id)
+        renewer = asyncio.get_running_loop().create_task(self._keep(key, token, held))
         try:
             yield
         finally:
+            renewer.cancel()
             try:
                 await self._release(keys=[key], args=[token])
             except RedisError:
@@ -227,23 +328,40 @@ class RedisStore:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    @_translated
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        existing = await self._put_record(keys=[self._record_key(kind)], args=[key, value])
+    async def _keep(self, key: str, token: str, held: float) -> None:
+        while True:
+            await asyncio.sleep(held / 3)
+            try:
+                await self._renew(keys=[key], args=[token, int(held * 1000)])
+            except RedisError:
+                pass  # Redis is away: the commit's compare-and-set still keeps steps exact
+
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        try:
+            existing = await self._put_record(keys=[self.keys.records(kind, tenant)],
+                                              args=[key, value, -1 if limit is None else limit])
+        except ResponseError as exc:
+            if "record limit" in str(exc):
+                raise RecordLimit(f"{kind}: at most {limit}") from exc
+            raise StoreError(f"redis: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
         return None if existing is None else str(existing)
 
     @_translated
-    async def get_record(self, kind: str, key: str) -> str | None:
-        value = await self.client.hget(self._record_key(kind), key)
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        value = await self.client.hget(self.keys.records(kind, tenant), key)
         return None if value is None else str(value)
 
     @_translated
-    async def all_records(self, kind: str) -> dict[str, str]:
-        records = await self.client.hgetall(self._record_key(kind))
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        records = await self.client.hgetall(self.keys.records(kind, tenant))
         return {str(k): str(v) for k, v in records.items()}
 
-    def _record_key(self, kind: str) -> str:
-        return {"environments": self.keys.environments, "scenarios": self.keys.scenarios}[kind]
+    @_translated
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        return int(await self.client.hdel(self.keys.records(kind, tenant), key)) > 0
 
     @_translated
     async def ping(self) -> None:

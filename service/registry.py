@@ -1,18 +1,35 @@
 """Where the service finds environments and scenarios: the loaded catalogs, then the store.
 
-Environments and scenarios created over the API are written to the session
-store too, so every replica sharing it can serve sessions of them.
+Loaded catalogs are read-only and visible to every tenant. Environments and
+scenarios created over the API belong to the tenant that added them: they are
+written to the store under that tenant (so every replica sharing it serves
+them), and other tenants get 404. A record is read from the store on every use
+(one hash lookup), so a deletion is seen at once by every replica; what it
+parses to is cached by the record's content, so a replica never re-analyses code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
+from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool import EnvCode, WorkerPool
 from service.catalog import Catalog, CatalogError, ConflictError, Environment, Scenario, build_environment
-from service.problems import Conflict, InvalidEnvironment, InvalidRequest, NotFound, Unavailable
-from service.store import SessionStore
+from service.problems import (
+    Conflict,
+    Forbidden,
+    InvalidEnvironment,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    Unavailable,
+)
+from service.store import RecordLimit, SessionStore
+
+PARSED_CACHE = 512
 
 
 def env_code(env: Environment) -> EnvCode:
@@ -20,58 +37,56 @@ def env_code(env: Environment) -> EnvCode:
 
 
 class Registry:
-    def __init__(self, catalog: Catalog, store: SessionStore, pool: WorkerPool) -> None:
+    def __init__(self, catalog: Catalog, store: SessionStore, pool: WorkerPool, *,
+                 max_environments: int = 100, max_scenarios: int = 10_000) -> None:
         self.catalog = catalog
         self.store = store
         self.pool = pool
+        self.max_environments = max_environments
+        self.max_scenarios = max_scenarios
+        self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
 
-    async def environment(self, env_id: str) -> Environment:
+    async def environment(self, env_id: str, tenant: str = "") -> Environment:
         """Raises NotFound."""
         env = self.catalog.environments.get(env_id)
         if env is not None:
             return env
-        record = await self.store.get_record("environments", env_id)
+        record = await self.store.get_record("environments", env_id, tenant=tenant)
         if record is None:
             raise NotFound(f"environment '{env_id}' not found")
-        env = _env_from_record(record)
-        self.catalog.environments[env_id] = env  # immutable once created: safe to cache
-        return env
+        return self._environment_from(record)
 
-    async def scenario(self, scenario_id: str) -> Scenario:
+    async def scenario(self, scenario_id: str, tenant: str = "") -> Scenario:
         """Raises NotFound."""
         scenario = self.catalog.scenarios.get(scenario_id)
         if scenario is not None:
             return scenario
-        record = await self.store.get_record("scenarios", scenario_id)
+        record = await self.store.get_record("scenarios", scenario_id, tenant=tenant)
         if record is None:
             raise NotFound(f"scenario '{scenario_id}' not found")
-        scenario = Scenario.from_json(json.loads(record))
-        self.catalog.scenarios[scenario_id] = scenario
-        return scenario
+        return self._scenario_from(record)
 
-    async def environments(self) -> list[Environment]:
-        for env_id, record in (await self.store.all_records("environments")).items():
-            if env_id not in self.catalog.environments:
-                self.catalog.environments[env_id] = _env_from_record(record)
-        return sorted(self.catalog.environments.values(), key=lambda e: e.env_id)
+    async def environments(self, tenant: str = "") -> list[Environment]:
+        envs = dict(self.catalog.environments)
+        for env_id, record in (await self.store.all_records("environments", tenant=tenant)).items():
+            envs.setdefault(env_id, self._environment_from(record))
+        return sorted(envs.values(), key=lambda e: e.env_id)
 
-    async def scenarios(self) -> list[Scenario]:
-        for scenario_id, record in (await self.store.all_records("scenarios")).items():
-            if scenario_id not in self.catalog.scenarios:
-                self.catalog.scenarios[scenario_id] = Scenario.from_json(json.loads(record))
-        return list(self.catalog.scenarios.values())
+    async def scenarios(self, tenant: str = "") -> list[Scenario]:
+        scenarios = dict(self.catalog.scenarios)
+        for scenario_id, record in (await self.store.all_records("scenarios", tenant=tenant)).items():
+            scenarios.setdefault(scenario_id, self._scenario_from(record))
+        return list(scenarios.values())
 
-    async def add_environment(self, env: Environment) -> Environment:
-        """Validate ``env`` in the sandbox and publish it.
+    async def add_environment(self, env: Environment, tenant: str = "") -> Environment:
+        """Validate ``env`` in the sandbox and publish it for ``tenant``.
 
         Raises:
-            Conflict: the id holds different code.
+            Conflict: the id holds different code (or belongs to a loaded catalog).
             InvalidEnvironment: the code fails to load or to instantiate with ``{}``.
+            QuotaExceeded: the tenant holds as many environments as it may.
         """
-        try:
-            existing = await self.environment(env.env_id)
-        except NotFound:
-            existing = None
+        existing: Environment | None = await self._existing(self.environment, env.env_id, tenant)
         if existing is not None:
             if existing.code_hash != env.code_hash:
                 raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")
@@ -84,24 +99,23 @@ class Registry:
             raise Unavailable(f"the sandbox could not validate the code: {exc.message}") from exc
         if failure is not None:
             raise InvalidEnvironment(f"{failure['kind']}: {failure['message']}", reason=failure["kind"])
-        record = json.dumps({**env.manifest(), "code": env.code})
-        previous = await self.store.put_record("environments", env.env_id, record)
+        # The analysed tools travel with the record: replicas never parse the code again.
+        record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools})
+        previous = await self._put("environments", env.env_id, record, tenant, self.max_environments)
         if previous is not None:
-            winner = _env_from_record(previous)
+            winner = self._environment_from(previous)
             if winner.code_hash != env.code_hash:
                 raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")
-            env = winner
-        self.catalog.environments[env.env_id] = env
+            return winner
         return env
 
-    async def add_scenario(self, scenario: Scenario) -> Scenario:
-        """Raises NotFound (unknown env), InvalidRequest (a check does not parse), Conflict."""
-        await self.environment(scenario.env_id)
+    async def add_scenario(self, scenario: Scenario, tenant: str = "") -> Scenario:
+        """Raises NotFound (unknown env), InvalidRequest (a check does not parse), Conflict, QuotaExceeded."""
         probe = Catalog()
-        probe.environments[scenario.env_id] = self.catalog.environments[scenario.env_id]
+        probe.environments[scenario.env_id] = await self.environment(scenario.env_id, tenant)
         try:
             probe.add_scenario(scenario)
-            existing = await self._existing_scenario(scenario.scenario_id)
+            existing = await self._existing(self.scenario, scenario.scenario_id, tenant)
             if existing is not None and existing.to_json() != scenario.to_json():
                 raise ConflictError(f"scenario '{scenario.scenario_id}' already exists with different content")
         except ConflictError as exc:
@@ -109,28 +123,73 @@ class Registry:
         except CatalogError as exc:
             raise InvalidRequest(exc.message, field=exc.field) from exc
         if existing is None:
-            previous = await self.store.put_record("scenarios", scenario.scenario_id, json.dumps(scenario.to_json()))
+            previous = await self._put("scenarios", scenario.scenario_id, json.dumps(scenario.to_json()), tenant,
+                                       self.max_scenarios)
             if previous is not None and json.loads(previous) != scenario.to_json():
                 raise Conflict(f"scenario '{scenario.scenario_id}' already exists with different content",
                                field="scenario_id")
-            self.catalog.scenarios[scenario.scenario_id] = scenario
         return scenario
 
-    async def _existing_scenario(self, scenario_id: str) -> Scenario | None:
+    async def delete(self, kind: str, key: str, tenant: str = "") -> None:
+        """Remove an environment or scenario the tenant added.
+
+        Raises:
+            Forbidden: it belongs to a loaded catalog (read-only to everyone).
+            NotFound: the tenant holds no such record.
+        """
+        loaded = self.catalog.environments if kind == "environments" else self.catalog.scenarios
+        if key in loaded:
+            raise Forbidden(f"'{key}' belongs to a catalog loaded from disk; those are read-only")
+        if not await self.store.delete_record(kind, key, tenant=tenant):
+            raise NotFound(f"{kind[:-1]} '{key}' not found")
+
+    async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int) -> str | None:
         try:
-            return await self.scenario(scenario_id)
+            return await self.store.put_record(kind, key, record, tenant=tenant, limit=limit)
+        except RecordLimit as exc:
+            raise QuotaExceeded(f"this tenant holds {limit} {kind}, its quota; delete some to add more",
+                                quota=f"max_{kind}", value=limit, retry_after=3600) from exc
+
+    @staticmethod
+    async def _existing(lookup: Any, key: str, tenant: str) -> Any:
+        try:
+            return await lookup(key, tenant)
         except NotFound:
             return None
 
+    def _cached(self, record: str, build: Any) -> Any:
+        digest = hashlib.sha256(record.encode("utf-8", "surrogatepass")).hexdigest()
+        parsed = self._parsed.get(digest)
+        if parsed is None:
+            parsed = build(json.loads(record))
+            self._parsed[digest] = parsed
+            if len(self._parsed) > PARSED_CACHE:
+                self._parsed.popitem(last=False)
+        else:
+            self._parsed.move_to_end(digest)
+        return parsed
 
-def _env_from_record(record: str) -> Environment:
-    data = json.loads(record)
-    return build_environment(
+    def _environment_from(self, record: str) -> Environment:
+        env: Environment = self._cached(record, _env_from_record)
+        return env
+
+    def _scenario_from(self, record: str) -> Scenario:
+        scenario: Scenario = self._cached(record, Scenario.from_json)
+        return scenario
+
+
+def _env_from_record(data: dict[str, Any]) -> Environment:
+    if "analysed_tools" not in data:  # written before records carried their analysis
+        return build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
+                                 summary=data.get("summary", ""), introduction=data.get("introduction", ""),
+                                 rules=data.get("rules", []), tool_overrides=data.get("tools"))
+    return Environment(
         env_id=data["env_id"],
         class_name=data["class_name"],
         code=data["code"],
         summary=data.get("summary", ""),
         introduction=data.get("introduction", ""),
-        rules=data.get("rules", []),
-        tool_overrides=data.get("tools"),
+        rules=list(data.get("rules", [])),
+        tool_overrides=data.get("tools") or {},
+        tools=data["analysed_tools"],
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,23 +40,30 @@ class EnvironmentDetail(BaseModel):
     tools: list[dict[str, Any]] = Field(description="OpenAI function-calling tool schemas.")
 
 
+# Bounds on what clients submit; each is named in the 422 that enforces it.
+MAX_TEXT = 64 * 1024
+MAX_RULES = 100
+MAX_CHECKS = 100
+MAX_SOLUTION_CALLS = 1000
+
+
 class EnvironmentCreate(Strict):
     env_id: str = Field(pattern=ID_PATTERN)
     class_name: str = Field(pattern=IDENTIFIER)
     code: str = Field(min_length=1, max_length=1 << 20)
-    summary: str = ""
-    introduction: str = ""
-    rules: list[str] = Field(default_factory=list)
+    summary: str = Field(default="", max_length=MAX_TEXT)
+    introduction: str = Field(default="", max_length=MAX_TEXT)
+    rules: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=MAX_RULES)
 
 
 # -- scenarios --------------------------------------------------------------------------------
 class CheckItem(Strict):
-    item: str
-    check: str = Field(description="Source defining check_func(final_state) -> bool.")
+    item: str = Field(max_length=4096)
+    check: str = Field(max_length=MAX_TEXT, description="Source defining check_func(final_state) -> bool.")
 
 
 class ToolCallSpec(Strict):
-    name: str
+    name: str = Field(max_length=256)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -81,18 +88,25 @@ class ScenarioDetail(BaseModel):
 
 class ScenarioCreate(Strict):
     scenario_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    env_id: str
-    task: str
+    env_id: str = Field(max_length=128)
+    task: str = Field(max_length=MAX_TEXT)
     init_config: dict[str, Any] = Field(default_factory=dict)
-    checklist: list[CheckItem] = Field(default_factory=list)
-    reference_solution: list[ToolCallSpec] | None = None
+    checklist: list[CheckItem] = Field(default_factory=list, max_length=MAX_CHECKS)
+    reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=MAX_SOLUTION_CALLS)
 
 
 # -- sessions ---------------------------------------------------------------------------------
+Mode = Literal["task", "conversation"]
+
+
 class SessionCreate(Strict):
     scenario_id: str | None = None
     env_id: str | None = None
     init_config: dict[str, Any] | None = None
+    n: int = Field(default=1, ge=1, description="How many sessions to create from the same initial state "
+                   "(a group for GRPO-style rollouts); all or none. At most the service's max_group.")
+    mode: Mode = Field(default="task", description="'conversation': a simulated user holds the scenario's task "
+                       "and reveals it through POST /messages; needs scenario_id.")
 
     @model_validator(mode="after")
     def one_source(self) -> SessionCreate:
@@ -104,13 +118,20 @@ class SessionCreate(Strict):
 
 
 class SessionCreated(BaseModel):
-    session_id: str
+    session_id: str = Field(description="The first of session_ids.")
+    session_ids: list[str] = Field(description="Every session made by this request, in order.")
     env_id: str
     scenario_id: str | None
-    task: str | None
+    mode: Mode
+    task: str | None = Field(description="The task; null in conversation mode, where the simulated user holds it.")
+    user_message: str | None = Field(description="Conversation mode: the simulated user's opening message.")
     introduction: str
     rules: list[str]
     tools: list[dict[str, Any]]
+
+
+class ForkRequest(Strict):
+    n: int = Field(default=1, ge=1, description="How many forks to make; all or none. At most max_group.")
 
 
 class SessionInfo(BaseModel):
@@ -118,9 +139,27 @@ class SessionInfo(BaseModel):
     env_id: str
     scenario_id: str | None
     parent_id: str | None = Field(description="The session this one was forked from.")
+    mode: Mode
+    done: bool = Field(description="Conversation mode: the simulated user has ended the conversation.")
     steps: int
     created_at: datetime
     expires_at: datetime
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+    total: int = Field(description="Live sessions of this tenant.")
+    offset: int
+
+
+class MessageRequest(Strict):
+    content: str = Field(min_length=1, max_length=64 * 1024, description="The agent's message to the user.")
+
+
+class MessageResult(BaseModel):
+    step: int
+    reply: str = Field(description="The simulated user's answer.")
+    done: bool = Field(description="The user ended the conversation (it emitted its stop signal).")
 
 
 class ToolList(BaseModel):
@@ -156,10 +195,13 @@ class StateDiff(BaseModel):
     added: list[dict[str, Any]]
     removed: list[dict[str, Any]]
     changed: list[dict[str, Any]]
+    truncated: bool | None = Field(default=None, description="The diff exceeded max_record_bytes and was dropped.")
+    bytes: int | None = Field(default=None, description="Size of the dropped diff.")
 
 
 class Step(BaseModel):
     step: int
+    kind: Literal["call"] = "call"
     name: str
     arguments: Any
     ok: bool
@@ -169,8 +211,18 @@ class Step(BaseModel):
     diff: StateDiff
 
 
+class MessageStep(BaseModel):
+    step: int
+    kind: Literal["message"]
+    content: str = Field(description="The agent's message.")
+    reply: str = Field(description="The simulated user's answer.")
+    done: bool
+
+
 class Trajectory(BaseModel):
-    steps: list[Step]
+    steps: list[Annotated[Step | MessageStep, Field(discriminator="kind")]]
+    total: int = Field(description="Steps in the whole trajectory.")
+    offset: int = Field(description="Index of the first step of this page.")
 
 
 class CheckResult(BaseModel):

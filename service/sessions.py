@@ -6,53 +6,118 @@ replica can serve any request and a restart loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
-from sandbox import codec
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
+from service import idempotency
+from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
-from service.problems import Conflict, InvalidEnvironment, InvalidRequest, NotFound, SessionBusy, Unavailable
+from service.fairness import FairGate, NoSlot
+from service.observability import Metrics
+from service.offload import Offload, ViewError
+from service.problems import (
+    Conflict,
+    ConversationEnded,
+    InvalidEnvironment,
+    InvalidRequest,
+    LimitExceeded,
+    NotConversation,
+    NotFound,
+    QuotaExceeded,
+    SessionBusy,
+    Unavailable,
+    UserLLMFailed,
+    UserLLMUnavailable,
+)
 from service.registry import Registry, env_code
 from service.store import LockTimeout, SessionMeta, SessionStore, Snapshot, StoreError, new_session_id
+from service.user_llm import Exchange, UserSimulator
+from service.user_llm import UserLLMFailed as UserEndpointFailed
 
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
-# Echoed argument values and messages are cut here so an error cannot be larger than the request.
-MAX_MESSAGE = 1000
 
 
 @dataclass
 class Created:
-    meta: SessionMeta
+    metas: list[SessionMeta]
     env: Environment
     scenario: Scenario | None
 
+    @property
+    def meta(self) -> SessionMeta:
+        return self.metas[0]
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds on what one session or tenant may hold or take; each is named in the problem it raises."""
+
+    max_steps: int = 10_000
+    max_sessions: int = 10_000  # live sessions (forks included) per tenant
+    max_record_bytes: int = 256 * 1024
+    score_budget: float = 20.0
+    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
+
+
+@dataclass
+class Applied:
+    """A committed step record, and whether it answers an earlier request with the same key."""
+
+    record: dict[str, Any]
+    replayed: bool = False
+
 
 class Sessions:
-    def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float) -> None:
+    def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
+                 user: UserSimulator | None = None, offload: Offload | None = None,
+                 limits: SessionLimits | None = None, metrics: Metrics | None = None) -> None:
+        self.offload = offload or Offload()
+        self.metrics = metrics or Metrics()
+        self.limits = limits or SessionLimits()
+        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share)
         self.registry = registry
         self.store = store
         self.pool = pool
         self.lock_wait = lock_wait
-        self._validators: dict[tuple[str, str], Draft202012Validator] = {}
+        self.user = user
+        self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
 
-    async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None) -> Created:
-        scenario = await self.registry.scenario(scenario_id) if scenario_id else None
-        env = await self.registry.environment(scenario.env_id if scenario else str(env_id))
+    async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
+                     n: int = 1, mode: str = "task", tenant: str = "") -> Created:
+        """Create ``n`` sessions sharing one initial state (all or none)."""
+        scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
+        env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
                                  field="init_config")
+        if mode == "conversation" and scenario is None:
+            raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
+                                 field="mode")
+        ids = [new_session_id() for _ in range(n)]
+        async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
+            opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
+            state = await self._initial_state(env, config, tenant)
+            now = time.time()
+            metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
+                                 mode=mode, opening=opening) for sid in ids]
+            await self._store(self.store.create_group(metas, state, state, []))
+        self.metrics.sessions.labels("create").inc(n)
+        return Created(metas, env, scenario)
+
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str) -> str:
         try:
-            state = await self.pool.init_state(env_code(env), config)
+            async with self._sandbox_slot(tenant):
+                return await self.pool.init_state(env_code(env), config)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -63,42 +128,179 @@ class Sessions:
                                      reason=exc.kind) from exc
         except SandboxError as exc:
             raise Unavailable(exc.message) from exc
-        meta = SessionMeta(new_session_id(), env.env_id, scenario.scenario_id if scenario else None, time.time())
-        await self._store(self.store.create(meta, state, state, []))
-        return Created(meta, env, scenario)
 
-    async def snapshot(self, session_id: str, *, trajectory: bool = False) -> Snapshot:
+    @asynccontextmanager
+    async def _admitted(self, tenant: str, ids: list[str]) -> AsyncIterator[None]:
+        """Count ``ids`` against the tenant's quota of live sessions; uncount them if creation fails."""
+        live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
+        if live is not None:
+            raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
+                                "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
+                                value=self.limits.max_sessions, retry_after=60)
+        try:
+            yield
+        except BaseException:
+            await self._store(self.store.forget(tenant, ids))
+            raise
+
+
+    def _simulator(self) -> UserSimulator:
+        if self.user is None:
+            raise UserLLMUnavailable("conversation mode needs a simulated user: set ENVFOUNDRY_USER_LLM_BASE_URL "
+                                     "(and ENVFOUNDRY_USER_LLM_MODEL, ENVFOUNDRY_USER_LLM_API_KEY) on the service")
+        return self.user
+
+    async def _user_opening(self, task: str) -> str:
+        try:
+            return await self._simulator().opening(task)
+        except UserEndpointFailed as exc:
+            raise UserLLMFailed(f"{exc}; nothing was created") from exc
+
+    async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "") -> Snapshot:
         snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory))
-        if snap is None:
+        # Another tenant's session is reported exactly like a missing one.
+        if snap is None or snap.meta.tenant != tenant:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
         return snap
 
-    async def environment_of(self, snap: Snapshot) -> Environment:
-        return await self.registry.environment(snap.meta.env_id)
+    async def live(self, offset: int, limit: int, *, tenant: str = "") -> tuple[list[Snapshot], int]:
+        """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
+        ids, total = await self._store(self.store.live(tenant, offset, limit))
+        snaps = [await self._store(self.store.load(sid)) for sid in ids]
+        return [s for s in snaps if s is not None and s.meta.tenant == tenant], total
 
-    async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str) -> dict[str, Any]:
-        """Apply one tool call exactly once. Tool failures are returned, not raised."""
+    async def environment_of(self, snap: Snapshot) -> Environment:
+        try:
+            return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the environment '{snap.meta.env_id}' of session '{snap.meta.session_id}' was deleted; "
+                           "the session cannot go on") from None
+
+    async def scenario_of(self, snap: Snapshot) -> Scenario | None:
+        if snap.meta.scenario_id is None:
+            return None
+        try:
+            return await self.registry.scenario(snap.meta.scenario_id, snap.meta.tenant)
+        except NotFound:
+            raise NotFound(f"the scenario '{snap.meta.scenario_id}' of session '{snap.meta.session_id}' was "
+                           "deleted") from None
+
+    async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, *,
+                   key: str | None = None, tenant: str = "") -> Applied:
+        """Apply one tool call exactly once. Tool failures are returned, not raised.
+
+        With an idempotency ``key``, a retry of the same call (on any replica, after any crash)
+        returns the step the first attempt committed instead of applying it again.
+        """
+        print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments})
         lease = self.pool.longest_request + LEASE_SLACK
         try:
             async with self.store.lock(session_id, self.lock_wait, lease):
-                snap = await self.snapshot(session_id)
+                snap = await self.snapshot(session_id, tenant=tenant)
+                replay = await self._replay(session_id, key, print_)
+                if replay is not None:
+                    return replay
+                self._check_steps(snap)
                 env = await self.environment_of(snap)
-                arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
-                record = _step_record(snap.meta.step + 1, name, arguments, outcome)
-                committed = await self._store(
-                    self.store.commit(session_id, snap.meta.step, outcome.state, json.dumps(record))
-                )
+                async with self._sandbox_slot(tenant):
+                    arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
+                record = self._bounded(_step_record(snap.meta.step + 1, name, arguments, outcome))
+                await self._commit(snap, outcome.state, record, key=key, print_=print_)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
         except SandboxBusy as exc:
             raise Unavailable(exc.message) from exc
+        self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
+        return Applied(record)
+
+    async def message(self, session_id: str, content: str, *, key: str | None = None, tenant: str = "") -> Applied:
+        """Send the agent's message to the simulated user; the exchange becomes a step."""
+        print_ = idempotency.fingerprint("message", {"content": content})
+        lease = self.user_timeout + LEASE_SLACK
+        try:
+            async with self.store.lock(session_id, self.lock_wait, lease):
+                snap = await self.snapshot(session_id, trajectory=True, tenant=tenant)
+                if snap.meta.mode != "conversation":
+                    raise NotConversation(f"session '{session_id}' is in task mode; create it with "
+                                          "mode 'conversation' to talk to a simulated user")
+                replay = await self._replay(session_id, key, print_)
+                if replay is not None:
+                    return replay
+                if snap.meta.done:
+                    raise ConversationEnded("the simulated user has ended this conversation; score the session")
+                self._check_steps(snap)
+                scenario = await self.scenario_of(snap)
+                assert scenario is not None  # conversation sessions are made from scenarios only
+                exchanges = [Exchange(r["content"], r["reply"]) for r in map(json.loads, snap.trajectory)
+                             if r.get("kind") == "message"]
+                try:
+                    reply = await self._simulator().reply(scenario.task, snap.meta.opening or "", exchanges, content)
+                except UserEndpointFailed as exc:
+                    raise UserLLMFailed(f"{exc}; the session is unchanged, retry the message") from exc
+                record = {"step": snap.meta.step + 1, "kind": "message", "content": content, "reply": reply.text,
+                          "done": reply.done}
+                await self._commit(snap, None, record, key=key, print_=print_, done=reply.done)
+        except LockTimeout as exc:
+            raise SessionBusy(str(exc)) from exc
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from exc
+        return Applied(record)
+
+    def _check_steps(self, snap: Snapshot) -> None:
+        if snap.meta.step >= self.limits.max_steps:
+            raise LimitExceeded(f"the session has reached {self.limits.max_steps} steps, its limit; fork or start a "
+                                "new session", limit="max_steps", value=self.limits.max_steps)
+
+    def _bounded(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A step record within max_record_bytes: a diff too large to keep is summarised, never the result."""
+        size = len(json.dumps(record, ensure_ascii=False))
+        if size > self.limits.max_record_bytes:
+            record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
+                              "bytes": len(json.dumps(record["diff"], ensure_ascii=False))}
+        return record
+
+    @asynccontextmanager
+    async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
+        """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``)."""
+        started = time.perf_counter()
+        wait = self.pool.acquire_timeout
+        try:
+            async with self.gate.slot(tenant, wait):
+                self.metrics.sandbox_wait.observe(time.perf_counter() - started)
+                yield
+        except NoSlot:
+            raise SandboxBusy(f"no sandbox worker became free within {wait:g} s") from None
+
+    @property
+    def user_timeout(self) -> float:
+        return self.user.timeout if self.user else 0.0
+
+    async def _replay(self, session_id: str, key: str | None, print_: str) -> Applied | None:
+        if key is None:
+            return None
+        prior = await self._store(self.store.idempotent(session_id, key))
+        if prior is None:
+            return None
+        stored = json.loads(prior)
+        idempotency.check_same(stored["fingerprint"], print_, key)
+        page = await self._store(self.store.trajectory_page(session_id, stored["step"] - 1, 1))
+        if not page or not page[0]:
+            raise NotFound(f"session '{session_id}' no longer holds the step of this Idempotency-Key")
+        return Applied(_with_observation(json.loads(page[0][0])), replayed=True)
+
+    async def _commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
+                      print_: str, done: bool = False) -> None:
+        session_id = snap.meta.session_id
+        remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
+        committed = await self._store(self.store.commit(session_id, snap.meta.step, state, json.dumps(record),
+                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
             raise Conflict("the session changed during the call; nothing was applied, retry")
-        return record
+        _with_observation(record)
 
     async def _run(self, env: Environment, state: str, name: str, raw: dict[str, Any] | str) -> tuple[Any, CallOutcome]:
         if isinstance(raw, str):
@@ -120,34 +322,48 @@ class Sessions:
         return arguments, await self.pool.call(env_code(env), state, name, arguments)
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+        """Raises LimitExceeded: arguments over a bound (nothing is applied)."""
         key = (env.code_hash, tool["function"]["name"])
-        validator = self._validators.get(key)
-        if validator is None:
-            validator = Draft202012Validator(tool["function"].get("parameters") or {"type": "object"})
-            self._validators[key] = validator
-        error = best_match(validator.iter_errors(arguments))
-        if error is None:
-            return _unicode_problem(arguments)
-        where = "/".join(str(p) for p in error.absolute_path)
-        return _cut(f"argument '{where}': {error.message}" if where else error.message)
-
-    async def state_view(self, session_id: str) -> tuple[int, dict[str, Any]]:
-        snap = await self.snapshot(session_id)
-        return snap.meta.step, codec.view_encoded(json.loads(snap.state))
-
-    async def trajectory(self, session_id: str) -> list[dict[str, Any]]:
-        records = await self._store(self.store.trajectory(session_id))
-        if records is None:
-            raise NotFound(f"session '{session_id}' not found (it may have expired)")
-        return [json.loads(r) for r in records]
-
-    async def score(self, session_id: str) -> dict[str, Any]:
-        snap = await self.snapshot(session_id)
-        env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
-        checklist = scenario.checklist if scenario else []
+        checker = self._checkers.get(key)
+        if checker is None:
+            checker = ArgumentChecker(tool["function"].get("parameters") or {"type": "object"})
+            self._checkers[key] = checker
         try:
-            results = await self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist])
+            problem = checker.problem(arguments)
+        except ArgumentLimit as exc:
+            raise LimitExceeded(str(exc), field="arguments", limit=exc.limit, value=exc.value) from exc
+        return problem or _unicode_problem(arguments)
+
+    async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, str]:
+        """The step and the state's JSON view as JSON text (built off the event loop when large)."""
+        snap = await self.snapshot(session_id, tenant=tenant)
+        try:
+            return snap.meta.step, await self.offload.state_view(snap.state)
+        except ViewError as exc:
+            raise LimitExceeded(f"{exc}; read the state through the tools instead", limit="state_view") from exc
+
+    async def trajectory(self, session_id: str, offset: int = 0, limit: int = 1000, *,
+                         tenant: str = "") -> tuple[list[dict[str, Any]], int]:
+        await self.snapshot(session_id, tenant=tenant)
+        page = await self._store(self.store.trajectory_page(session_id, offset, limit))
+        if page is None:
+            raise NotFound(f"session '{session_id}' not found (it may have expired)")
+        records, total = page
+        return [_with_observation(json.loads(r)) for r in records], total
+
+    async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
+        snap = await self.snapshot(session_id, tenant=tenant)
+        env = await self.environment_of(snap)
+        scenario = await self.scenario_of(snap)
+        checklist = scenario.checklist if scenario else []
+        budget = self.limits.score_budget
+        try:
+            async with self._sandbox_slot(tenant):
+                results = await asyncio.wait_for(
+                    self.pool.score(env_code(env), snap.state, snap.initial, [c.check for c in checklist]), budget)
+        except TimeoutError:
+            raise LimitExceeded(f"the checks took longer than the score budget of {budget:g} s", limit="score_budget",
+                                value=budget) from None
         except SandboxError as exc:
             raise Unavailable(f"scoring failed in the sandbox: {exc.message}") from exc
         checks = [{"item": c.item, "passed": r["passed"], "error": r["error"]} for c, r in zip(checklist, results, strict=True)]
@@ -155,29 +371,35 @@ class Sessions:
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks}
 
-    async def fork(self, session_id: str) -> Created:
-        snap = await self.snapshot(session_id, trajectory=True)
+    async def fork(self, session_id: str, *, n: int = 1, tenant: str = "") -> Created:
+        """``n`` independent copies of the session at its current step (all or none)."""
+        snap = await self.snapshot(session_id, trajectory=True, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.registry.scenario(snap.meta.scenario_id) if snap.meta.scenario_id else None
-        meta = SessionMeta(new_session_id(), snap.meta.env_id, snap.meta.scenario_id, time.time(),
-                           step=snap.meta.step, parent_id=session_id)
-        await self._store(self.store.create(meta, snap.state, snap.initial, snap.trajectory))
-        return Created(meta, env, scenario)
+        scenario = await self.scenario_of(snap)
+        now = time.time()
+        metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
+                 for _ in range(n)]
+        async with self._admitted(tenant, [m.session_id for m in metas]):
+            await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+        self.metrics.sessions.labels("fork").inc(n)
+        return Created(metas, env, scenario)
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, *, tenant: str = "") -> None:
+        await self.snapshot(session_id, tenant=tenant)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
+        await self._store(self.store.forget(tenant, [session_id]))
+        self.metrics.sessions_deleted.inc()
 
-    @staticmethod
-    async def _store(awaitable: Any) -> Any:
+    async def _store(self, awaitable: Any) -> Any:
+        started = time.perf_counter()
         try:
             return await awaitable
         except StoreError as exc:
+            self.metrics.store_errors.inc()
             raise Unavailable(str(exc)) from exc
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - started)
 
 
 def _unicode_problem(value: Any) -> str | None:
@@ -202,13 +424,21 @@ def observation(ok: bool, result: Any, error: dict[str, str] | None) -> str:
 
 
 def _step_record(step: int, name: str, arguments: Any, outcome: CallOutcome) -> dict[str, Any]:
+    # The observation is derived from the result when read, so the store does not hold it twice.
     return {
         "step": step,
+        "kind": "call",
         "name": name,
         "arguments": arguments,
         "ok": outcome.ok,
         "result": outcome.result,
         "error": outcome.error,
-        "observation": observation(outcome.ok, outcome.result, outcome.error),
         "diff": outcome.diff,
     }
+
+
+def _with_observation(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored record as clients see it (records written before ``kind`` existed are calls)."""
+    if record.setdefault("kind", "call") == "call" and "observation" not in record:
+        record["observation"] = observation(record["ok"], record["result"], record["error"])
+    return record

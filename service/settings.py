@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.pool import Limits
+from service.sessions import SessionLimits
 
 
 class Settings(BaseSettings):
@@ -22,6 +23,7 @@ class Settings(BaseSettings):
         description="Redis URL for sessions; unset means the in-process memory store.",
     )
     key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
+    log_format: Literal["json", "text"] = Field(default="json", description="One JSON object per log line, or text.")
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: Literal["process", "docker"] = Field(default="process", description="Sandbox backend.")
@@ -42,12 +44,40 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
     max_result_bytes: int = Field(default=1 << 20, description="Size of a tool's JSON result.")
     max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
-    max_body_bytes: int = Field(default=32 << 20, description="Largest accepted request body.")
+    max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
+                                "hold the event loop for long).")
+    max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
+                                 "(counted before parsing).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
+    api_keys: str | None = Field(
+        default=None, description="API key lines 'sha256:<hex> <tenant> <scopes>' separated by newlines or ';'."
+    )
+    api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/auth.py).")
+    max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
+    max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
+    max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
+    max_sessions: int = Field(default=10_000, ge=1, description="Live sessions (forks included) one tenant may hold.")
+    max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
+                                  "a larger state diff is summarised.")
+    score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
+    tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
+                                        "tenant may hold at once.")
+    max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
+    user_llm_base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
+    )
+    user_llm_model: str = Field(default="gpt-4.1-mini", description="Model of the simulated user.")
+    user_llm_api_key: str | None = Field(default=None, description="API key of the simulated user's endpoint.")
+    user_llm_timeout: float = Field(default=60.0, gt=0, description="Seconds one simulated-user reply may take.")
+    user_llm_temperature: float = Field(default=0.0, ge=0, le=2, description="Sampling temperature of the simulated user.")
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
+
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
+                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
 
     def limits(self) -> Limits:
         return Limits(

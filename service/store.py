@@ -26,6 +26,10 @@ class LockTimeout(StoreError):
     """The session stayed busy with other calls for longer than the wait limit."""
 
 
+class RecordLimit(Exception):
+    """A tenant holds as many catalog records of a kind as it may."""
+
+
 def new_session_id() -> str:
     """128 random bits, URL-safe."""
     return "ses_" + secrets.token_urlsafe(16)
@@ -39,9 +43,15 @@ class SessionMeta:
     created_at: float
     step: int = 0
     parent_id: str | None = None
+    tenant: str = ""
+    mode: str = "task"  # or "conversation": a simulated user holds the task
+    done: bool = False  # the simulated user ended the conversation
+    opening: str | None = None  # the simulated user's first message
 
     def to_fields(self) -> dict[str, str]:
-        return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+        fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+        fields["done"] = "1" if self.done else ""
+        return fields
 
     @classmethod
     def from_fields(cls, data: dict[str, str]) -> SessionMeta:
@@ -52,6 +62,10 @@ class SessionMeta:
             created_at=float(data["created_at"]),
             step=int(data["step"]),
             parent_id=data.get("parent_id") or None,
+            tenant=data.get("tenant", ""),
+            mode=data.get("mode") or "task",
+            done=bool(data.get("done")),
+            opening=data.get("opening") or None,
         )
 
 
@@ -70,15 +84,37 @@ class SessionStore(Protocol):
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
         """Store a new session."""
 
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+        """Store several sessions sharing one state, all or none."""
+
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
         """Read a session consistently (meta, blobs and optionally trajectory at one step)."""
 
-    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str) -> bool:
+    async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
-        only if the session exists and is still at ``expected_step``."""
+        only if the session exists and is still at ``expected_step``. ``done`` marks the
+        conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
+        carrying the key finds it even when the answer to the first attempt was lost. With
+        ``tenant``, the session's place in that tenant's live count is refreshed too."""
+
+    async def idempotent(self, session_id: str, key: str) -> str | None:
+        """The value committed with idempotency ``key`` on this session, if any."""
 
     async def trajectory(self, session_id: str) -> list[str] | None:
         """The session's step records, or None when it does not exist."""
+
+    async def trajectory_page(self, session_id: str, offset: int, limit: int) -> tuple[list[str], int] | None:
+        """Step records ``offset`` to ``offset + limit`` and the total, or None when the session does not exist."""
+
+    async def claim_request(self, key: str, value: str, lease: float) -> str | None:
+        """Claim a request key for ``lease`` seconds; the value already there when it is taken."""
+
+    async def finish_request(self, key: str, value: str) -> None:
+        """Replace a claimed request key's value with the answer, kept for the session TTL."""
+
+    async def release_request(self, key: str) -> None:
+        """Forget a claim whose request failed, so a retry can run it."""
 
     async def delete(self, session_id: str) -> bool:
         """Remove a session; False when it did not exist."""
@@ -86,14 +122,32 @@ class SessionStore(Protocol):
     def lock(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[None]:
         """Hold the session's call lock; raise LockTimeout after ``wait`` seconds."""
 
-    async def put_record(self, kind: str, key: str, value: str) -> str | None:
-        """Store a catalog record unless ``key`` exists; return the existing value if it does."""
+    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+        """Count ``session_ids`` as live sessions of ``tenant`` unless that would pass ``limit``;
+        return the live count when it would (nothing is counted then)."""
 
-    async def get_record(self, kind: str, key: str) -> str | None:
-        """A catalog record (``kind`` is 'environments' or 'scenarios')."""
+    async def forget(self, tenant: str, session_ids: list[str]) -> None:
+        """Stop counting sessions (deleted, or their creation failed)."""
 
-    async def all_records(self, kind: str) -> dict[str, str]:
-        """Every catalog record of ``kind``."""
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        """A page of the tenant's live session ids, oldest expiry first, and how many there are."""
+
+    async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
+                         limit: int | None = None) -> str | None:
+        """Store a tenant's catalog record unless ``key`` exists; return the existing value if it does.
+
+        Raises:
+            RecordLimit: the tenant already holds ``limit`` records of ``kind``.
+        """
+
+    async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
+        """A catalog record (``kind`` is 'environments' or 'scenarios') of ``tenant``."""
+
+    async def all_records(self, kind: str, *, tenant: str = "") -> dict[str, str]:
+        """Every catalog record of ``kind`` that ``tenant`` holds."""
+
+    async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
+        """Remove a tenant's record; False when it did not exist."""
 
     async def ping(self) -> None:
         """Raise StoreError when the store is unreachable."""

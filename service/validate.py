@@ -64,7 +64,7 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
                     report.notes.append(f"{where}: passes before any call (fine for a 'leave unchanged' "
                                         f"check): {check['item']}")
             for i, call in enumerate(scenario.reference_solution):
-                step = await sessions.call(sid, call.name, call.arguments)
+                step = (await sessions.call(sid, call.name, call.arguments)).record
                 if not step["ok"]:
                     report.problems.append(f"{where}: reference_solution[{i}] {call.name}: {step['observation']}")
             score = await sessions.score(sid)

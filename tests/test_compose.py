@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.auth import new_key
 from tests.conftest import (
     REDIS_IMAGE,
     ROOT,
@@ -63,8 +64,10 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         assert failure is None, failure
     project = f"eftest{secrets.token_hex(4)}"
     port = _two_free_ports()
+    key, line = new_key("compose", ["run"])
     env = {**os.environ, "ENVFOUNDRY_SERVICE_IMAGE": SERVICE_IMAGE, "ENVFOUNDRY_SANDBOX_IMAGE": SANDBOX_IMAGE,
-           "ENVFOUNDRY_REDIS_IMAGE": REDIS_IMAGE, "ENVFOUNDRY_PORTS": f"{port}-{port + 1}", "ENVFOUNDRY_WORKERS": "2"}
+           "ENVFOUNDRY_REDIS_IMAGE": REDIS_IMAGE, "ENVFOUNDRY_PORTS": f"{port}-{port + 1}", "ENVFOUNDRY_WORKERS": "2",
+           "ENVFOUNDRY_API_KEYS": line}
     command = [compose, "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     up = subprocess.run([*command, "up", "-d", "--no-build", "--scale", "api=2"], env=env, capture_output=True,
                         text=True, timeout=300)
@@ -82,7 +85,7 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         for container in apis:
             published = container.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"]
             by_port[int(published)] = f"envfoundry-{container.attrs['Config']['Hostname']}-8000"
-        yield {"urls": urls, "service_of": [by_port[port], by_port[port + 1]], "client": docker_client}
+        yield {"urls": urls, "service_of": [by_port[port], by_port[port + 1]], "client": docker_client, "key": key}
     finally:
         down = subprocess.run([*command, "down", "-v", "--timeout", "30"], env=env, capture_output=True, text=True,
                               timeout=300)
@@ -100,8 +103,11 @@ def _call(http: httpx.Client, sid: str, name: str, arguments: dict[str, Any]) ->
 
 
 def test_an_episode_survives_a_killed_worker_across_two_replicas(stack: dict[str, Any]) -> None:
-    first, second = (httpx.Client(base_url=url, timeout=60) for url in stack["urls"])
+    auth = {"Authorization": f"Bearer {stack['key']}"}
+    first, second = (httpx.Client(base_url=url, timeout=60, headers=auth) for url in stack["urls"])
     with first, second:
+        # the compose stack listens beyond loopback, so it requires keys
+        assert httpx.get(f"{stack['urls'][0]}/v1/environments").status_code == 401
         scenario = first.get("/v1/scenarios/lib-001").json()
         sid = first.post("/v1/sessions", json={"scenario_id": "lib-001"}).json()["session_id"]
         steps = scenario["reference_solution"]

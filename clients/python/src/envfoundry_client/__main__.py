@@ -1,0 +1,5 @@
+import sys
+
+from envfoundry_client.cli import main
+
+sys.exit(main())

@@ -1,0 +1,223 @@
+"""Every v1 endpoint as a pure function from arguments to an ``Operation``: what to send, how to
+read the answer, and whether a retry is safe. Both clients run these; neither builds requests.
+
+Retries are safe for reads, for ``score`` (it changes nothing), and for the writes that carry an
+``Idempotency-Key``: the key is made once per operation, so every retry of it is the same logical
+call and the service answers a repeat with the first response instead of applying it again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from envfoundry_client.models import (
+    JSON,
+    CallResult,
+    CheckItem,
+    Environment,
+    EnvironmentSummary,
+    MessageReply,
+    Mode,
+    Scenario,
+    ScenarioSummary,
+    Score,
+    Session,
+    SessionInfo,
+    StateView,
+    ToolCall,
+    TrajectoryPage,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Operation(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[Any], T] = field(repr=False)
+    body: Any = None
+    params: dict[str, Any] | None = None
+    status: int = 200
+    safe: bool = False  # no side effect: may be sent again
+    idempotency_key: str | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.safe or self.idempotency_key is not None
+
+    def headers(self) -> dict[str, str]:
+        return {"Idempotency-Key": self.idempotency_key} if self.idempotency_key else {}
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _key(given: str | None) -> str:
+    return given if given is not None else uuid.uuid4().hex
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def _get(path: str, parse: Callable[[Any], T], params: dict[str, Any] | None = None) -> Operation[T]:
+    return Operation("GET", path, parse, params=params, safe=True)
+
+
+# -- service and catalog ---------------------------------------------------------------------
+def health() -> Operation[str]:
+    """The service's status (``"ok"`` when it serves)."""
+    return _get("/healthz", lambda b: str(b["status"]))
+
+
+def list_environments() -> Operation[list[EnvironmentSummary]]:
+    """Every environment served, with its tool and scenario counts."""
+    return _get("/v1/environments", lambda b: [EnvironmentSummary.from_json(e) for e in b["environments"]])
+
+
+def get_environment(env_id: str) -> Operation[Environment]:
+    """An environment's summary, introduction, rules and tool schemas. Raises ``NotFound``."""
+    return _get(f"/v1/environments/{_seg(env_id)}", Environment.from_json)
+
+
+def create_environment(env_id: str, class_name: str, code: str, *, summary: str = "", introduction: str = "",
+                       rules: list[str] | None = None) -> Operation[Environment]:
+    """Add an environment from its class source; the service validates it in the sandbox.
+
+    Raises ``InvalidEnvironment`` (the code fails to load) or ``Conflict`` (the id holds other code).
+    """
+    body = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
+            "introduction": introduction, "rules": list(rules or [])}
+    return Operation("POST", "/v1/environments", Environment.from_json, body, status=201)
+
+
+def delete_environment(env_id: str) -> Operation[None]:
+    """Remove an environment. Raises ``NotFound``."""
+    return Operation("DELETE", f"/v1/environments/{_seg(env_id)}", _none, status=204)
+
+
+def list_scenarios(env_id: str) -> Operation[list[ScenarioSummary]]:
+    """The scenarios of one environment, by id. Raises ``NotFound`` for an unknown environment."""
+    return _get(f"/v1/environments/{_seg(env_id)}/scenarios",
+                lambda b: [ScenarioSummary.from_json(s) for s in b["scenarios"]])
+
+
+def get_scenario(scenario_id: str) -> Operation[Scenario]:
+    """A whole scenario: task, initial state, checks and reference solution. Raises ``NotFound``."""
+    return _get(f"/v1/scenarios/{_seg(scenario_id)}", Scenario.from_json)
+
+
+def create_scenario(env_id: str, task: str, *, init_config: JSON | None = None,
+                    checklist: list[CheckItem] | None = None, reference_solution: list[ToolCall] | None = None,
+                    scenario_id: str | None = None) -> Operation[Scenario]:
+    """Add a scenario to an environment (the service picks an id unless given). Raises ``NotFound``."""
+    body: JSON = {"env_id": env_id, "task": task, "init_config": init_config or {},
+                  "checklist": [c.to_json() for c in checklist or []]}
+    if reference_solution is not None:
+        body["reference_solution"] = [c.to_json() for c in reference_solution]
+    if scenario_id is not None:
+        body["scenario_id"] = scenario_id
+    return Operation("POST", "/v1/scenarios", Scenario.from_json, body, status=201)
+
+
+def delete_scenario(scenario_id: str) -> Operation[None]:
+    """Remove a scenario. Raises ``NotFound``."""
+    return Operation("DELETE", f"/v1/scenarios/{_seg(scenario_id)}", _none, status=204)
+
+
+# -- sessions --------------------------------------------------------------------------------
+def create_session(scenario_id: str | None = None, *, env_id: str | None = None, init_config: JSON | None = None,
+                   n: int = 1, mode: Mode = "task", idempotency_key: str | None = None) -> Operation[Session]:
+    """Start ``n`` sessions from a scenario (or from an environment and an initial state).
+
+    All n are created or none. In ``conversation`` mode the result carries the simulated user's
+    opening message instead of the task. Raises ``NotFound``, ``InvalidRequest`` (bad ``n``, both or
+    neither source), ``UserLLMUnavailable`` (conversation mode without a user LLM).
+    """
+    body: JSON = {}
+    if scenario_id is not None:
+        body["scenario_id"] = scenario_id
+    if env_id is not None:
+        body["env_id"] = env_id
+    if init_config is not None:
+        body["init_config"] = init_config
+    # Defaults are left out so that a service that predates groups and modes accepts the body.
+    if n != 1:
+        body["n"] = n
+    if mode != "task":
+        body["mode"] = mode
+    return Operation("POST", "/v1/sessions", Session.from_json, body, status=201,
+                     idempotency_key=_key(idempotency_key))
+
+
+def get_session(session_id: str) -> Operation[SessionInfo]:
+    """Environment, scenario, parent, step count, mode, whether it is done, created and expiry times."""
+    return _get(f"/v1/sessions/{_seg(session_id)}", SessionInfo.from_json)
+
+
+def tools(session_id: str) -> Operation[list[JSON]]:
+    """The session's tools as OpenAI function-calling schemas."""
+    return _get(f"/v1/sessions/{_seg(session_id)}/tools", lambda b: list(b["tools"]))
+
+
+def call(session_id: str, name: str, arguments: JSON | str | None = None, *,
+         idempotency_key: str | None = None) -> Operation[CallResult]:
+    """Call one tool. ``arguments`` is an object or the JSON string an OpenAI tool call carries.
+
+    A tool that fails answers ``ok=False`` with an ``error``; only service failures raise
+    (``NotFound``, ``SessionBusy``, ``Unavailable``, ...).
+    """
+    body = {"name": name, "arguments": {} if arguments is None else arguments}
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/calls", CallResult.from_json, body,
+                     idempotency_key=_key(idempotency_key))
+
+
+def send_message(session_id: str, content: str, *, idempotency_key: str | None = None) -> Operation[MessageReply]:
+    """Send the agent's message to the simulated user of a conversation-mode session; get its reply.
+
+    Raises ``NotConversation``, ``ConversationEnded``, ``UserLLMFailed``, ``UserLLMUnavailable``.
+    """
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/messages", MessageReply.from_json,
+                     {"content": content}, idempotency_key=_key(idempotency_key))
+
+
+def state(session_id: str) -> Operation[StateView]:
+    """The session's state as JSON, with the step it belongs to."""
+    return _get(f"/v1/sessions/{_seg(session_id)}/state", StateView.from_json)
+
+
+def trajectory(session_id: str, *, offset: int = 0, limit: int | None = None) -> Operation[TrajectoryPage]:
+    """A page of the session's steps (tool calls and messages) from ``offset``, with the total count."""
+    params: dict[str, Any] = {}
+    if offset:
+        params["offset"] = offset
+    if limit is not None:
+        params["limit"] = limit
+    return _get(f"/v1/sessions/{_seg(session_id)}/trajectory", TrajectoryPage.from_json, params or None)
+
+
+def score(session_id: str) -> Operation[Score]:
+    """Run the scenario's checks on the current state; the session goes on."""
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/score", Score.from_json, safe=True)
+
+
+def fork(session_id: str, *, n: int = 1, idempotency_key: str | None = None) -> Operation[Session]:
+    """``n`` independent copies of a session (state and trajectory), all or none."""
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/fork", Session.from_json,
+                     {"n": n} if n != 1 else None, status=201, idempotency_key=_key(idempotency_key))
+
+
+def delete_session(session_id: str) -> Operation[None]:
+    """End a session and free its state. Raises ``NotFound``."""
+    return Operation("DELETE", f"/v1/sessions/{_seg(session_id)}", _none, status=204)
+
+
+ENDPOINTS = (health, list_environments, get_environment, create_environment, delete_environment, list_scenarios,
+             get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
+             state, trajectory, score, fork, delete_session)

@@ -1,0 +1,270 @@
+"""Typed results of API v1. Each ``from_json`` accepts the documented body and nothing looser.
+
+Fields the service added later (``session_ids``, ``mode``, trajectory paging, message steps) have
+defaults so that the client also reads answers of a service that predates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+JSON = dict[str, Any]
+Mode = Literal["task", "conversation"]
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _mode(value: Any) -> Mode:
+    if value is None or value == "task":
+        return "task"
+    if value == "conversation":
+        return "conversation"
+    raise ValueError(f"unknown session mode {value!r}")
+
+
+@dataclass(frozen=True)
+class EnvironmentSummary:
+    env_id: str
+    class_name: str
+    summary: str
+    tool_count: int
+    scenario_count: int
+
+    @classmethod
+    def from_json(cls, body: JSON) -> EnvironmentSummary:
+        return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), int(body["tool_count"]),
+                   int(body["scenario_count"]))
+
+
+@dataclass(frozen=True)
+class Environment:
+    env_id: str
+    class_name: str
+    summary: str
+    introduction: str
+    rules: list[str]
+    tools: list[JSON] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, body: JSON) -> Environment:
+        return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), str(body["introduction"]),
+                   [str(r) for r in body["rules"]], list(body["tools"]))
+
+
+@dataclass(frozen=True)
+class ScenarioSummary:
+    scenario_id: str
+    env_id: str
+    task: str
+
+    @classmethod
+    def from_json(cls, body: JSON) -> ScenarioSummary:
+        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]))
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    item: str
+    check: str
+
+    def to_json(self) -> JSON:
+        return {"item": self.item, "check": self.check}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: JSON = field(default_factory=dict)
+
+    def to_json(self) -> JSON:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    scenario_id: str
+    env_id: str
+    task: str
+    init_config: JSON = field(repr=False)
+    checklist: list[CheckItem] = field(repr=False)
+    reference_solution: list[ToolCall] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, body: JSON) -> Scenario:
+        solution = body.get("reference_solution")
+        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]), dict(body["init_config"]),
+                   [CheckItem(str(c["item"]), str(c["check"])) for c in body["checklist"]],
+                   None if solution is None else [ToolCall(str(c["name"]), dict(c.get("arguments") or {}))
+                                                  for c in solution])
+
+
+@dataclass(frozen=True)
+class Session:
+    """A created (or forked) session group: ``session_ids`` holds all n ids, ``session_id`` the first."""
+
+    session_id: str
+    session_ids: list[str]
+    env_id: str
+    scenario_id: str | None
+    task: str | None
+    introduction: str
+    rules: list[str]
+    tools: list[JSON] = field(repr=False)
+    mode: Mode = "task"
+    user_message: str | None = None
+
+    @classmethod
+    def from_json(cls, body: JSON) -> Session:
+        sid = str(body["session_id"])
+        ids = [str(i) for i in body.get("session_ids") or [sid]]
+        mode = _mode(body.get("mode"))
+        return cls(sid, ids, str(body["env_id"]), _str_or_none(body.get("scenario_id")), _str_or_none(body.get("task")),
+                   str(body["introduction"]), [str(r) for r in body["rules"]], list(body["tools"]), mode,
+                   _str_or_none(body.get("user_message")))
+
+    @property
+    def prompt(self) -> str:
+        """What the agent is first told: the task, or in conversation mode the user's opening message."""
+        return (self.user_message if self.mode == "conversation" else self.task) or ""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    env_id: str
+    scenario_id: str | None
+    parent_id: str | None
+    steps: int
+    created_at: datetime
+    expires_at: datetime
+    mode: Mode = "task"
+    done: bool = False
+
+    @classmethod
+    def from_json(cls, body: JSON) -> SessionInfo:
+        return cls(str(body["session_id"]), str(body["env_id"]), _str_or_none(body.get("scenario_id")),
+                   _str_or_none(body.get("parent_id")), int(body["steps"]), _datetime(body["created_at"]),
+                   _datetime(body["expires_at"]), _mode(body.get("mode")), bool(body.get("done", False)))
+
+
+def _datetime(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class CallError:
+    type: str  # unknown_tool, invalid_arguments, tool_exception, timeout, resource_limit, sandbox_error
+    message: str
+
+
+def _call_error(value: Any) -> CallError | None:
+    return None if value is None else CallError(str(value["type"]), str(value["message"]))
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """One tool call. ``ok`` false is the environment saying no (an observation), not a service error."""
+
+    step: int
+    ok: bool
+    result: Any
+    error: CallError | None
+    observation: str
+
+    @classmethod
+    def from_json(cls, body: JSON) -> CallResult:
+        return cls(int(body["step"]), bool(body["ok"]), body.get("result"), _call_error(body.get("error")),
+                   str(body["observation"]))
+
+
+@dataclass(frozen=True)
+class MessageReply:
+    """The simulated user's answer to one agent message; ``done`` once the user ended the conversation."""
+
+    step: int
+    reply: str
+    done: bool
+
+    @classmethod
+    def from_json(cls, body: JSON) -> MessageReply:
+        return cls(int(body["step"]), str(body["reply"]), bool(body["done"]))
+
+
+@dataclass(frozen=True)
+class StateView:
+    step: int
+    state: JSON
+
+    @classmethod
+    def from_json(cls, body: JSON) -> StateView:
+        return cls(int(body["step"]), dict(body["state"]))
+
+
+@dataclass(frozen=True)
+class CallStep:
+    step: int
+    name: str
+    arguments: Any
+    ok: bool
+    result: Any
+    error: CallError | None
+    observation: str
+    diff: JSON
+    kind: Literal["call"] = "call"
+
+
+@dataclass(frozen=True)
+class MessageStep:
+    step: int
+    content: str
+    reply: str
+    done: bool
+    kind: Literal["message"] = "message"
+
+
+Step = CallStep | MessageStep
+
+
+def step_from_json(body: JSON) -> Step:
+    if body.get("kind", "call") == "message":
+        return MessageStep(int(body["step"]), str(body["content"]), str(body["reply"]), bool(body["done"]))
+    return CallStep(int(body["step"]), str(body["name"]), body.get("arguments"), bool(body["ok"]), body.get("result"),
+                    _call_error(body.get("error")), str(body["observation"]), dict(body["diff"]))
+
+
+@dataclass(frozen=True)
+class TrajectoryPage:
+    steps: list[Step]
+    total: int
+    offset: int
+
+    @classmethod
+    def from_json(cls, body: JSON) -> TrajectoryPage:
+        steps = [step_from_json(s) for s in body["steps"]]
+        return cls(steps, int(body.get("total", len(steps))), int(body.get("offset", 0)))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    item: str
+    passed: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float | None  # passed / total; None when the session has no checks
+    passed: int
+    total: int
+    checks: list[CheckResult]
+
+    @classmethod
+    def from_json(cls, body: JSON) -> Score:
+        reward = body.get("reward")
+        return cls(None if reward is None else float(reward), int(body["passed"]), int(body["total"]),
+                   [CheckResult(str(c["item"]), bool(c["passed"]), _str_or_none(c.get("error")))
+                    for c in body["checks"]])

@@ -1,0 +1,107 @@
+"""The rollout's live progress line and closing table, computed from the JSONL records alone."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TextIO
+
+from envfoundry_client.models import JSON
+
+
+@dataclass(frozen=True)
+class Row:
+    env_id: str
+    episodes: int
+    mean_reward: float
+    success_rate: float  # episodes with reward 1.0
+    pass_at_k: float  # scenarios with at least one successful sample among their k
+    k: int
+    mean_steps: float
+    tokens: int
+
+
+def _success(record: JSON) -> bool:
+    return record.get("reward") == 1.0
+
+
+def _row(env_id: str, records: list[JSON]) -> Row:
+    by_scenario: dict[str, list[JSON]] = defaultdict(list)
+    for r in records:
+        by_scenario[str(r["scenario_id"])].append(r)
+    n = len(records)
+    return Row(
+        env_id=env_id, episodes=n,
+        mean_reward=sum(float(r.get("reward") or 0.0) for r in records) / n,
+        success_rate=sum(_success(r) for r in records) / n,
+        pass_at_k=sum(any(_success(r) for r in group) for group in by_scenario.values()) / len(by_scenario),
+        k=max(len(group) for group in by_scenario.values()),
+        mean_steps=sum(int(r.get("steps") or 0) for r in records) / n,
+        tokens=sum(int((r.get("usage") or {}).get("total_tokens") or 0) for r in records),
+    )
+
+
+def summarize(records: list[JSON]) -> list[Row]:
+    """One row per environment (sorted), then ``all`` when there is more than one environment."""
+    by_env: dict[str, list[JSON]] = defaultdict(list)
+    for r in records:
+        by_env[str(r["env_id"])].append(r)
+    rows = [_row(env_id, by_env[env_id]) for env_id in sorted(by_env)]
+    if len(rows) > 1:
+        rows.append(_row("all", records))
+    return rows
+
+
+HEADER = ("environment", "episodes", "mean reward", "success", "pass@k", "mean steps", "tokens")
+
+
+def table(rows: list[Row]) -> str:
+    cells = [HEADER] + [(r.env_id, str(r.episodes), f"{r.mean_reward:.3f}", f"{r.success_rate:.1%}",
+                         f"{r.pass_at_k:.1%} (k={r.k})", f"{r.mean_steps:.1f}", str(r.tokens)) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(c)))
+             for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+class Progress:
+    """``done/total episodes, mean reward, running, tokens`` on one line of ``stream``, redrawn in
+    place on a terminal and written as plain lines elsewhere (logs)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.done = 0
+        self.running = 0
+        self.reward = 0.0
+        self.tokens = 0
+
+    def started(self) -> None:
+        self.running += 1
+        if self.live:
+            self._write("\r\x1b[2K" + self.line())
+
+    def finished(self, record: JSON) -> None:
+        self.running -= 1
+        self.done += 1
+        self.reward += float(record.get("reward") or 0.0)
+        self.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
+        self._write("\r\x1b[2K" + self.line() if self.live else self.line() + "\n")
+
+    def line(self) -> str:
+        mean = f"{self.reward / self.done:.3f}" if self.done else "-"
+        return (f"rollout {self.done}/{self.total} episodes | mean reward {mean} | running {self.running} | "
+                f"tokens {self.tokens}")
+
+    def close(self) -> None:
+        if self.live:
+            self._write("\n")
+        elif not self.done:
+            self._write(self.line() + "\n")
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()

@@ -1,0 +1,116 @@
+"""Tool arguments checked against their JSON Schemas, in time proportional to their size.
+
+Argument validation runs on the event loop, so its cost must not depend on
+anything a client or an environment author can blow up: arguments are bounded
+(nesting depth, number of values) before any schema is applied, only the first
+error is built, and ``enum`` is a set lookup instead of a scan of every allowed
+value (a ``Literal`` of 50,000 values costs the same as one of 5).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError, validators
+
+MAX_DEPTH = 32
+MAX_VALUES = 10_000
+MAX_MESSAGE = 1000
+
+
+class ArgumentLimit(Exception):
+    """Arguments over a named bound; ``limit`` names it and ``value`` gives it."""
+
+    def __init__(self, message: str, limit: str, value: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
+def _key(value: Any) -> tuple[str, Any] | None:
+    """A hashable stand-in with JSON Schema equality (true is not 1; 1 is 1.0), or None for containers."""
+    if value is None:
+        return ("null", None)
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, str):
+        return ("string", value)
+    return None
+
+
+class EnumSet(list[Any]):
+    """An ``enum`` list that also holds its scalar members as a set, built once per schema."""
+
+    def __init__(self, values: list[Any]) -> None:
+        super().__init__(values)
+        self.scalars = {k for k in map(_key, values) if k is not None}
+        self.containers = [v for v in values if _key(v) is None]
+
+
+def _fast_enum(validator: Any, enums: list[Any], instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    allowed = enums if isinstance(enums, EnumSet) else EnumSet(enums)
+    key = _key(instance)
+    if key is not None and key in allowed.scalars:
+        return
+    if key is None and any(validator.is_valid(instance, {"const": each}) for each in allowed.containers):
+        return
+    yield ValidationError(f"{_short(instance)} is not one of the {len(enums)} allowed values")
+
+
+FastValidator = validators.extend(Draft202012Validator, {"enum": _fast_enum})
+
+
+def _with_enum_sets(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: EnumSet(v) if k == "enum" and isinstance(v, list) else _with_enum_sets(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_with_enum_sets(v) for v in schema]
+    return schema
+
+
+class ArgumentChecker:
+    """One per tool schema; keeps the compiled validator and its enum sets."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.validator = FastValidator(_with_enum_sets(schema))
+
+    def problem(self, arguments: dict[str, Any]) -> str | None:
+        """What is wrong with ``arguments``, or None.
+
+        Raises:
+            ArgumentLimit: the arguments are nested too deeply or hold too many values.
+        """
+        _bounded(arguments)
+        error = next(iter(self.validator.iter_errors(arguments)), None)
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        message = f"argument '{where}': {error.message}" if where else error.message
+        return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "..."
+
+
+def _bounded(arguments: Any) -> None:
+    seen = 1
+    stack: list[tuple[Any, int]] = [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                raise ArgumentLimit(f"arguments are nested more than {MAX_DEPTH} levels deep", "max_argument_depth",
+                                    MAX_DEPTH)
+            children = value.values() if isinstance(value, dict) else value
+            seen += len(children)
+            # counted before anything is pushed, so a list of a million values costs one comparison
+            if seen > MAX_VALUES:
+                raise ArgumentLimit(f"arguments hold more than {MAX_VALUES} values", "max_argument_values",
+                                    MAX_VALUES)
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:80] + "..."

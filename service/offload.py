@@ -1,0 +1,72 @@
+"""CPU-heavy work the API process must not do on its event loop, done in a small process pool.
+
+Building the JSON view of a large state (millions of values, deep nesting) takes
+seconds of pure Python; on the event loop it would stall every other client.
+Small states are cheaper to view in place than to ship to another process.
+The pool runs trusted service code on data only: nothing from an environment is
+executed there (the view never unpickles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from sandbox import view
+
+INLINE_BYTES = 64 * 1024
+
+
+class ViewError(Exception):
+    """The state cannot be shown as JSON within the service's bounds."""
+
+
+def state_view_json(encoded: str) -> str:
+    """The client's JSON view of an encoded state, as JSON text. Runs in a pool process or inline."""
+    try:
+        return json.dumps(view.view_encoded(json.loads(encoded)), ensure_ascii=False, separators=(",", ":"))
+    except RecursionError as exc:
+        raise ViewError("the state is nested too deeply to show as JSON") from exc
+
+
+class Offload:
+    def __init__(self, workers: int = 1, timeout: float = 30.0) -> None:
+        self.workers = workers
+        self.timeout = timeout
+        self._executor: ProcessPoolExecutor | None = None
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            # spawn: a clean interpreter, not a copy of the API process with its sockets and threads
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._executor
+
+    async def state_view(self, encoded: str) -> str:
+        """Raises ViewError: the view fails or takes longer than the timeout."""
+        if len(encoded) <= INLINE_BYTES:
+            return state_view_json(encoded)
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._pool(), state_view_json, encoded), self.timeout)
+        except TimeoutError as exc:
+            self._restart()
+            raise ViewError(f"building the state's JSON view took longer than {self.timeout:g} s") from exc
+        except BrokenProcessPool as exc:
+            self._restart()
+            raise ViewError("building the state's JSON view ran out of resources") from exc
+
+    def _restart(self) -> None:
+        """Drop a pool whose process is stuck or dead; the next request starts a fresh one."""
+        if self._executor is not None:
+            for process in list(getattr(self._executor, "_processes", {}).values()):
+                process.kill()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
