@@ -7,10 +7,12 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from tests.conftest import free_port
 
@@ -18,11 +20,11 @@ from tests.conftest import free_port
 NODE_TIMEOUT_MS = 3000
 
 
-def _wait(what: str, ready: object, timeout: float) -> None:
+def _wait(what: str, ready: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if ready():  # type: ignore[operator]
+            if ready():
                 return
         except redis.RedisError:
             pass
@@ -68,7 +70,7 @@ class Cluster:
                  "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no"],
                 stdout=log, stderr=subprocess.STDOUT)
         for port in self.ports:
-            _wait(f"node {port} did not answer", lambda port=port: self.node(port).ping(), 15)
+            _wait(f"node {port} did not answer", self.node(port).ping, 15)
         created = subprocess.run(
             ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
              "--cluster-replicas", "1", "--cluster-yes"], capture_output=True, text=True, timeout=60)
@@ -78,7 +80,7 @@ class Cluster:
 
     def healthy(self) -> bool:
         alive = [p for p in self.ports if self.processes[p].poll() is None]
-        if not all("cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO") for p in alive):
+        if not all("cluster_state:ok" in self._command(p, "CLUSTER", "INFO") for p in alive):
             return False
         if not all(len(self.replicas_of(p)) >= 1 for p in self.masters()):
             return False
@@ -86,9 +88,23 @@ class Cluster:
         replicas = [p for m in self.masters() for p in self.replicas_of(m)]
         return all(self.node(p).info("replication").get("master_link_status") == "up" for p in replicas)
 
+    def _command(self, port: int, *args: str) -> str:
+        return str(self.node(port).execute_command(*args))  # type: ignore[no-untyped-call]
+
+    def master_of(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot now."""
+        slot = key_slot(key.encode())
+        for f in self._view():
+            if "master" in f[2] and "fail" not in f[2]:
+                for span in f[8:]:
+                    low, _, high = span.partition("-")
+                    if int(low) <= slot <= int(high or low):
+                        return int(f[1].split(":")[1].split("@")[0])
+        raise RuntimeError(f"redis cluster: no master serves slot {slot}")
+
     def _view(self) -> list[list[str]]:
         port = next(p for p in self.ports if self.processes[p].poll() is None)
-        text = self.node(port).execute_command("CLUSTER", "NODES")
+        text = self._command(port, "CLUSTER", "NODES")
         return [line.split() for line in str(text).splitlines() if line.strip()]
 
     def masters(self) -> list[int]:
