@@ -2,12 +2,16 @@
 
 Linux primitives, applied in order, each reported as applied or missing:
 
+- memory: joining the memory cgroup the service made for this worker (see ``memcg``);
 - network: a fresh network namespace (only a downed loopback inside);
 - filesystem: a private mount namespace with a private tmpfs on /tmp, read-only
   empty tmpfs over the other world-writable folders, and home folders that are
   closed to other users (e.g. /root) hidden except for the Python installation;
 - user: a dedicated unprivileged uid/gid, no supplementary groups, no new privileges;
 - environment: the service starts workers with an empty environment (checked here).
+
+The seccomp filter on environment code (``seccomp``) is installed later, by the zygote, and
+reported as ``syscalls``.
 
 Standard library only (ctypes for the system calls Python 3.11 lacks).
 """
@@ -250,6 +254,10 @@ def verify_container() -> dict[str, Any]:
         applied.append("user")
     else:
         missing["user"] = "the container runs as root"
+    if _container_memory_limit() is not None:
+        applied.append("memory")
+    else:
+        missing["memory"] = "no memory limit is visible on the container's cgroup"
     try:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:
@@ -262,11 +270,41 @@ def verify_container() -> dict[str, Any]:
     return {"applied": applied, "missing": missing, "uid": os.getuid()}
 
 
-def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
+def join_cgroup(path: str) -> None:
+    """Move this process (and so everything it will start) into the memory cgroup at ``path``."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+
+
+def _container_memory_limit() -> int | None:
+    """The memory limit the engine set on this container's cgroup (v2 or v1), if one is visible."""
+    for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(name) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
+          cgroup_missing: str = "no memory cgroup") -> dict[str, Any]:
     """Confine this process; return which primitives hold and why any is missing."""
     applied: list[str] = []
     missing: dict[str, str] = {}
     kept: list[str] = []
+    if cgroup:
+        # First, while still root: memory that outlives address spaces (shmem, tmpfs, page
+        # tables) is charged to the group, and the kernel's OOM killer acts inside it.
+        try:
+            join_cgroup(cgroup)
+            applied.append("memory")
+        except OSError as exc:
+            missing["memory"] = f"cannot join the memory cgroup {cgroup} ({exc})"
+    else:
+        missing["memory"] = cgroup_missing
     if os.geteuid() == 0:
         try:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -301,6 +339,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int) -> dict[str, Any]:
             missing["network"] = f"not root and user namespaces are unavailable ({exc})"
             missing["filesystem"] = "not root: the worker writes wherever the service user can"
         missing["user"] = f"not root: the worker runs as the service's own uid {os.getuid()}"
+        missing["processes"] = "not root: no PID namespace of its own; host processes stay visible"
     try:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
-from sandbox.pool import Channel, Limits
+from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, Channel, Limits
 from sandbox.protocol import HEADER, frame_length
 from sandbox.runtime import MAX_HOSTS, WORKER_FILES
 
@@ -39,11 +39,9 @@ ROLE_LABEL = "envfoundry.role"
 # The engine multiplexes a non-tty container's output: 1 byte stream, 3 padding, 4 length.
 MUX_HEADER = struct.Struct(">BxxxI")
 STDOUT = 1
-# Room above the per-call address-space limit for the worker itself and the fork's copy.
-MEMORY_OVERHEAD_MB = 128
 # What the sandbox image holds; its digest is baked into the image as a label.
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
-                 "codec.py", "protocol.py")
+                 "seccomp.py", "codec.py", "protocol.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -149,7 +147,7 @@ class DockerBackend:
 
     async def spawn(self, slot: int, limits: Limits) -> Channel:
         def create() -> tuple[Any, Any]:
-            memory = f"{limits.memory_mb + MEMORY_OVERHEAD_MB}m"
+            memory = f"{limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB}m"
             container = self.client.containers.create(
                 self.image,
                 command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),

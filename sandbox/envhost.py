@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import channel, codec
+from sandbox import channel, codec, seccomp
 from sandbox.contain import die_with_parent
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
@@ -48,6 +48,7 @@ from sandbox.forks import (
     error,
     finish,
     in_fork,
+    reap,
     spawn_spare,
 )
 
@@ -148,7 +149,8 @@ class EnvHost:
 
     Messages from the worker on ``sock``:
     - ``{"op": "spare"}``  -> ``{"pid"}`` plus the fork's request-write and answer-read descriptors
-    - ``{"op": "finish", "pid", "kill", "timeout", "reply"}`` -> ``{"status", "overran"}`` if ``reply``
+    - ``{"op": "finish", "pid", "reply"}`` -> ``{"status"}`` if ``reply``: reap a fork the worker
+      has ended (a host may signal nothing but itself, so ending forks is the worker's job)
     """
 
     def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits) -> None:
@@ -165,10 +167,9 @@ class EnvHost:
             if message.get("op") == "spare":
                 self._hand_over(sock)
             elif message.get("op") == "finish":
-                status, overran = finish(int(message["pid"]), bool(message.get("kill")),
-                                         time.monotonic() + float(message.get("timeout", 0)))
+                status = reap(int(message["pid"]))
                 if message.get("reply"):
-                    channel.send(sock, {"status": status, "overran": overran})
+                    channel.send(sock, {"status": status})
             if self.spare is None:  # between requests, off the caller's clock
                 try:
                     self.spare = spawn_spare(self.runner, self.limits)
@@ -359,6 +360,8 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
                 os._exit(1)
             close_inherited(keep=(host_end.fileno(),))
             os.setpgid(0, 0)
+            if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
+                seccomp.own_group_signals_only()
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
             try:
                 module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox import contain, protocol
+from sandbox import contain, protocol, seccomp
 
 # Error types shared with the service's API contract.
 UNKNOWN_TOOL = "unknown_tool"
@@ -48,6 +48,7 @@ class WorkerLimits:
     processes: int = 0
     output_bytes: int = 1 << 20
     dedicated_uid: bool = False  # no process outside this worker shares its uid
+    filtered: bool = False  # the zygote holds the seccomp filter: hosts and validations add the signal one
 
 
 class Failure(Exception):
@@ -161,13 +162,16 @@ def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]
         contain.die_with_parent()
         if os.getppid() != parent:
             os._exit(1)
+        os.setpgid(0, 0)  # a group of its own at once: the host's ``kill(0, ...)`` must not reach it
         close_inherited(keep=(request_read, answer_write))
         with os.fdopen(request_read, "rb") as source:
             try:
                 request = protocol.read_frame(source)
             except protocol.ProtocolError:
                 os._exit(0)
-        _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits)
+        # the host's signal filter holds here already: none to add on the call's clock
+        _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits,
+               restrict_signals=False)
     os.close(request_read)
     os.close(answer_write)
     return Spare(pid, request_write, answer_read)
@@ -199,10 +203,7 @@ def read_answer(answer_fd: int, deadline: float, cap: int) -> tuple[dict[str, An
                     return None, "too_big"
     finally:
         os.close(answer_fd)
-    try:
-        answer = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
-    except ValueError:
-        return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
+    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
     if not isinstance(answer, dict):
         return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
     return answer, "done"
@@ -220,6 +221,28 @@ def finish(pid: int, kill: bool, deadline: float) -> tuple[int, bool]:
     except ChildProcessError:
         status = 0
     return status, overran
+
+
+def reap(pid: int) -> int:
+    """Wait for a fork of this process that the worker has ended; its wait status."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        status = 0
+    return status
+
+
+def end(pid: int, pidfd: int, deadline: float | None) -> bool:
+    """End a fork from outside (the worker; its host may signal nothing): at once, or once it exits
+    or ``deadline`` passes. Anything in its process group goes with it. True if the deadline
+    stopped it. ``pidfd`` pins the process, so a recycled pid is never signalled."""
+    overran = deadline is not None and not _exits_by(pid, deadline, pidfd)
+    _kill_group(pid)
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    return overran
 
 
 def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap: int) -> dict[str, Any]:
@@ -257,12 +280,16 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits) -> None:
+def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits,
+           restrict_signals: bool = True) -> None:
     close_inherited(keep=(write_fd,))
     output = CappedOutput(limits.output_bytes)
     printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
     try:
         os.setpgid(0, 0)
+        _detach_standard_streams()
+        if limits.filtered and restrict_signals:
+            seccomp.own_group_signals_only()
         _set_call_limits(timeout, limits)
         sys.stdout = sys.stderr = output
         try:
@@ -287,6 +314,17 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
         written = os.write(write_fd, view)
         view = view[written:]
     os._exit(0)
+
+
+def _detach_standard_streams() -> None:
+    """Descriptors 0-2 of the process a call is forked from are whatever its (untrusted) module
+    code made them, e.g. one end of a socket to a thread it left running: never inherit them."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        if fd != null:
+            os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
 
 
 def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]:
@@ -318,12 +356,11 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]
     if outcome is None and expected is not None and len(buffer) >= ANSWER_HEADER.size + expected:
         _kill_group(pid)  # done: anything it started goes with it
         _kill(pid)
-        try:
-            answer: dict[str, Any] = json.loads(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
-        except ValueError:
-            answer = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+        decoded = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
         os.waitpid(pid, 0)
-        return answer
+        if not isinstance(decoded, dict):
+            return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+        return decoded
     if outcome is None and not _exits_by(pid, deadline):
         outcome = "timeout"  # it closed its end of the pipe but kept running
     _kill_group(pid)
@@ -336,12 +373,14 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]
     return {"error": _death(status)}
 
 
-def _exits_by(pid: int, deadline: float) -> bool:
+def _exits_by(pid: int, deadline: float, pidfd: int = -1) -> bool:
     """Wait until ``pid`` exits or ``deadline`` passes; True if it exited."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = -1
+    owned = pidfd < 0
+    if owned:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = -1
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -354,7 +393,7 @@ def _exits_by(pid: int, deadline: float) -> bool:
                 return False
             time.sleep(0.001)
     finally:
-        if pidfd >= 0:
+        if owned and pidfd >= 0:
             os.close(pidfd)
 
 

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import protocol
+from sandbox import codec, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
 
 # The worker enforces call timeouts itself; this margin only catches a worker that hangs.
 GUARD_MARGIN = 5.0
+# Memory a worker may use beyond the per-call limit (itself, its environment hosts, the fork's
+# copy): the size of its memory cgroup or container is ``memory_mb`` plus this.
+WORKER_MEMORY_OVERHEAD_MB = 128
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
 CALL_ERRORS = frozenset(
     {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
@@ -207,14 +211,14 @@ class WorkerPool:
                 loaded = await self._roundtrip(worker, load, self.limits.load_timeout + 4 * GUARD_MARGIN)
                 if loaded.get("error"):
                     # Module code runs in its own host process, so the worker itself is unharmed.
-                    healthy = not loaded.get("unhealthy")
+                    healthy = loaded.get("unhealthy") is not True
                     raise _failure(loaded["error"])
                 worker.loaded.add(env.key)
             # The worker may load the class again first (after an eviction or a crash), and waits on
             # its processes with margins of its own: the guard covers all of that.
             answer = await self._roundtrip(worker, message, timeout + self.limits.load_timeout + 4 * GUARD_MARGIN)
             # A worker that can no longer start processes says so; it answers this one and goes.
-            healthy = not answer.get("unhealthy")
+            healthy = answer.get("unhealthy") is not True
         except TimeoutError:
             raise WorkerLost("the sandbox worker stopped answering and was replaced") from None
         except (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError) as exc:
@@ -238,7 +242,12 @@ class WorkerPool:
             None,
             self.limits.load_timeout,
         )
-        return None if answer.get("ok") else dict(answer["failure"])
+        if answer.get("ok") is True:
+            return None
+        failure = answer.get("failure")
+        if isinstance(failure, dict) and isinstance(failure.get("kind"), str) and isinstance(failure.get("message"), str):
+            return {"kind": failure["kind"], "message": failure["message"]}
+        return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
     async def init_state(self, env: EnvCode, init_config: dict[str, Any]) -> str:
         answer = await self.request(
@@ -250,6 +259,9 @@ class WorkerPool:
         state = answer.get("state")
         if not isinstance(state, str):
             raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
+        problem = _state_problem(state, self.limits.state_bytes)
+        if problem:
+            raise RequestFailed("sandbox_error", f"the init process sent {problem}")
         return state
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
@@ -272,11 +284,21 @@ class WorkerPool:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
         new_state: Any = answer.get("state")
         diff: Any = answer.get("diff")
-        if not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
-            # The answer comes from a fork that ran environment code: trust nothing about its shape.
-            message = "the call process sent an answer of the wrong shape"
+        result: Any = answer.get("result")
+        # The answer comes from a fork that ran environment code: trust nothing about it.
+        problem = None
+        if answer.get("ok") is not True or not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
+            problem = "an answer of the wrong shape"
+        elif not protocol.depth_within(result) or not protocol.depth_within(diff):
+            problem = f"a result nested deeper than {protocol.MAX_DEPTH} levels"
+        elif (size := len(json.dumps(result, ensure_ascii=False).encode())) > self.limits.result_bytes:
+            problem = f"a result of {size} bytes, over the {self.limits.result_bytes} byte limit"
+        elif new_state is not None:
+            problem = _state_problem(new_state, self.limits.state_bytes)
+        if problem:
+            message = f"the call process sent {problem}"
             return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
-        return CallOutcome(True, answer.get("result"), None, new_state, diff)
+        return CallOutcome(True, result, None, new_state, diff)
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
         if not checks:
@@ -288,9 +310,11 @@ class WorkerPool:
             self.limits.check_timeout * len(checks),
         )
         results = answer.get("checks")
-        if not isinstance(results, list) or len(results) != len(checks):
+        if not (isinstance(results, list) and len(results) == len(checks) and all(
+                isinstance(r, dict) and isinstance(r.get("passed"), bool) and (r.get("error") is None or isinstance(
+                    r.get("error"), str)) for r in results)):
             raise RequestFailed("sandbox_error", "scoring sent an answer of the wrong shape")
-        return results
+        return [{"passed": r["passed"], "error": r.get("error")} for r in results]
 
 
 def _failure(reported: Any) -> RequestFailed:
@@ -298,6 +322,29 @@ def _failure(reported: Any) -> RequestFailed:
     if isinstance(reported, dict) and isinstance(reported.get("type"), str) and isinstance(reported.get("message"), str):
         return RequestFailed(reported["type"], reported["message"][:2000])
     return RequestFailed("sandbox_error", "the sandbox sent a malformed error")
+
+
+def _state_problem(text: str, limit: int) -> str | None:
+    """Why an encoded state from a sandbox process must not be stored, or None.
+
+    It must be what the codec writes and the service can read back: within the size limit,
+    a JSON object, with a JSON view (as ``GET .../state`` will build it).
+    """
+    size = len(text.encode())
+    if size > limit:
+        return f"a state of {size} bytes, over the {limit} byte limit"
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError):
+        return "a state that is not JSON"
+    if not isinstance(state, dict):
+        return "a state that is not a JSON object"
+    try:
+        # The view recurses as deep as the state nests: too deep for it here is too deep later.
+        codec.view_encoded(state)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
+        return "a state the codec cannot read"
+    return None
 
 
 def _is_diff(value: Any) -> bool:

@@ -2,7 +2,8 @@
 
 When the service runs as root, each worker gets a uid of its own (see
 ``UidAllocator``), which also makes the kernel's per-uid process limit a
-per-worker one.
+per-worker one, and a memory cgroup of its own named after that uid (see
+``memcg``), which counts the memory address-space limits do not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox.pool import Channel, Limits
+from sandbox import memcg
+from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, Channel, Limits
 from sandbox.protocol import HEADER, frame_length
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -22,8 +24,9 @@ WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR
 
 
 class ProcessChannel:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, cgroup: str | None = None) -> None:
         self.process = process
+        self.cgroup = cgroup
         assert process.stdin is not None and process.stdout is not None
         self._writer = process.stdin
         self._reader = process.stdout
@@ -43,6 +46,12 @@ class ProcessChannel:
             except ProcessLookupError:
                 pass
         await self.process.wait()
+        if self.cgroup:
+            # The worker's namespace dies with it (parent-death signal), a moment later.
+            for _ in range(50):
+                if memcg.remove(self.cgroup):
+                    break
+                await asyncio.sleep(0.02)
 
 
 class UidAllocator:
@@ -115,9 +124,17 @@ class ProcessBackend:
         self.uids = UidAllocator(uid_base)
         # Off only for debugging on hosts without namespaces; the pool then logs every missing primitive.
         self.contain = contain
+        self.memory_groups, self.memory_missing = memcg.find() if contain else (None, "confinement is off")
 
     async def spawn(self, slot: int, limits: Limits) -> Channel:
         uid = self.uids.uid_for(slot) if os.geteuid() == 0 else os.getuid()
+        cgroup, why_not = None, self.memory_missing
+        if self.memory_groups is not None:
+            try:
+                cgroup = memcg.prepare(self.memory_groups, f"envfoundry-worker-{uid}",
+                                       (limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB) << 20)
+            except OSError as exc:
+                why_not = f"cannot make a memory cgroup for the worker ({exc})"
         process = await asyncio.create_subprocess_exec(
             self.python, "-S", "-E", "-s", "-B", str(WORKER),
             "--uid", str(uid), "--gid", str(uid),
@@ -126,6 +143,7 @@ class ProcessBackend:
             "--processes", str(limits.processes),
             "--tmp-mb", str(limits.tmp_mb),
             "--output-bytes", str(limits.output_bytes),
+            *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
             *(() if self.contain else ("--no-contain",)),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -134,7 +152,7 @@ class ProcessBackend:
             cwd="/",
             limit=1 << 20,
         )
-        return ProcessChannel(process)
+        return ProcessChannel(process, cgroup)
 
     async def start(self) -> None:
         return None

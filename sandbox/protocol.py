@@ -12,6 +12,9 @@ from typing import Any, BinaryIO
 HEADER = struct.Struct(">I")
 # Frames carry whole states; the service enforces its own, smaller state limit.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
+# How deeply a value from environment code (a result, a state) may nest. Well under what the
+# service's own recursion (decoding, viewing, encoding responses) can take on top of its stack.
+MAX_DEPTH = 400
 
 
 class ProtocolError(Exception):
@@ -33,6 +36,34 @@ def decode_body(body: bytes) -> Any:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from exc
+    except RecursionError:
+        raise ProtocolError("frame nests too deeply") from None
+
+
+def depth_within(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether decoded JSON nests no deeper than ``limit`` (iterative: deep input cannot recurse)."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return False
+        todo.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return True
+
+
+def decode_bounded(text: bytes | str, limit: int = MAX_DEPTH) -> Any:
+    """JSON from an untrusted process, or None if it is not JSON or nests deeper than ``limit``."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if depth_within(value, limit) else None
 
 
 def frame_length(header: bytes) -> int:

@@ -12,14 +12,19 @@ Processes: the worker forks one clean *zygote* before it reads any request; the 
 *host* per environment, which runs the module code once and keeps a ready fork of itself. For
 each init, call and check the worker takes that fork, writes the request straight into it and
 reads the answer from it, so session data never passes through a process that other sessions'
-forks are copied from. A fork that fails to answer is ended by its host, which reports how.
-After every request the worker empties its private /tmp and System V IPC objects.
+forks are copied from. The worker ends every fork itself (hosts and calls may signal only their
+own process group) and its host reaps it and reports how it ended. A host is stopped while its
+fork runs, and /tmp is emptied before the fork starts and again before the host resumes, so a
+thread left by module code never sees what a call wrote. After every request the worker also
+empties System V IPC objects (which the seccomp filter keeps environment code from making).
+Everything a fork answers is checked and only the fields of the request's kind pass on.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import select
@@ -30,13 +35,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import channel, contain, envhost, protocol
+from sandbox import channel, contain, envhost, protocol, seccomp
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
     Failure,
     WorkerLimits,
     close_inherited,
+    end,
     error,
     outcome_error,
     read_answer,
@@ -67,7 +73,7 @@ class Host:
 
 class Runtime:
     def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
-                 own_processes: bool = False) -> None:
+                 own_processes: bool = False, filter_syscalls: bool = True) -> None:
         self.limits = limits
         self.private_tmp = private_tmp
         # Only in a PID namespace (or container) of its own may the worker stop and kill what it sees.
@@ -78,6 +84,8 @@ class Runtime:
         self.sources: dict[str, dict[str, Any]] = {}
         self.unhealthy = False
         self.running: str | None = None  # the environment whose processes may run right now
+        self.filter_syscalls = filter_syscalls
+        self.filter_missing: str | None = "not started"  # why the zygote holds no seccomp filter
         self._set_limits()
         # Other processes of our uid (every fork runs environment code) must not read our memory,
         # which holds every session's requests, nor open our descriptors through /proc.
@@ -108,10 +116,22 @@ class Runtime:
                 if os.getppid() != parent:
                     os._exit(1)
                 close_inherited(keep=(theirs.fileno(),))
+                try:
+                    if not self.filter_syscalls:
+                        raise OSError("confinement is off")
+                    seccomp.confine()
+                    self.limits.filtered = True
+                    channel.send(theirs, {"seccomp": None})
+                except OSError as exc:
+                    channel.send(theirs, {"seccomp": str(exc)})
                 envhost.serve_zygote(theirs, self.limits)
             finally:
                 os._exit(0)
         theirs.close()
+        hello = channel.receive(mine, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+        if hello is None:
+            raise RuntimeError("the zygote did not start")
+        self.filter_missing = hello.get("seccomp")
         return pid, mine
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -121,9 +141,11 @@ class Runtime:
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
             elif op == "validate":
-                response = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
+                answer = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
+                response = _checked(op, answer, 0)
             elif op in ("init", "call"):
-                response = self._run(self._host(request["env"]), request, _answer_cap(request))
+                answer = self._run(self._host(request["env"]), request, _answer_cap(request))
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)))
             elif op == "score":
                 response = self._score(request)
             else:
@@ -192,6 +214,27 @@ class Runtime:
                 _signal(pid, signal.SIGCONT if owner == key else signal.SIGSTOP)
         self.running = key
 
+    def _freeze(self, host: Host, fork: int) -> list[int]:
+        """Stop ``host`` and its descendants except ``fork`` (and its own); kill orphans. Returns
+        the stopped pids. A process is stopped before its children are listed, so it cannot
+        start one unseen; a second pass catches a child whose fork was under way."""
+        if self.own_processes:
+            for orphan in _children_of(os.getpid()):  # they belong to no environment
+                if orphan != self.zygote_pid:
+                    _signal(orphan, signal.SIGKILL)
+        stopped: list[int] = []
+        for _ in range(2):
+            todo = [host.pid]
+            while todo:
+                pid = todo.pop()
+                if pid == fork:
+                    continue
+                if pid not in stopped:
+                    _signal(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                todo.extend(_children_of(pid))
+        return stopped
+
     def _start_host(self, key: str) -> Host:
         while len(self.hosts) >= MAX_HOSTS:
             self._stop_host(min(self.hosts, key=lambda k: self.hosts[k].used))
@@ -226,29 +269,44 @@ class Runtime:
                 self._stop_host(key)
 
     # -- running requests in forks --------------------------------------------------------
-    def _take_fork(self, host: Host) -> tuple[int, int, int] | None:
-        """Ask ``host`` for its ready fork: (pid, request descriptor, answer descriptor), or None
-        (and the host is dropped) if it does not hand one over properly."""
+    def _take_fork(self, host: Host) -> tuple[int, int, int, int] | None:
+        """Ask ``host`` for its ready fork: (pid, pidfd, request descriptor, answer descriptor), or
+        None (and the host is dropped) if it does not hand one over properly.
+
+        The host runs module code, so the pid it names is checked: it must be the host's child,
+        pinned by a pidfd before the check, or the worker could be made to signal anything.
+        """
         fds: list[int] | None = None
-        pid = 0
+        pid, pidfd = 0, -1
         try:
             channel.send(host.sock, {"op": "spare"})
             handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
-            if handed is not None and handed.get("unhealthy"):
+            if handed is not None and handed.get("unhealthy") is True:
                 raise Unhealthy(f"cannot start a call process: {str(handed.get('error'))[:500]}")
             offered = handed.get("pid") if handed else None
             if type(offered) is int and offered > 0:
                 pid = offered
                 fds = channel.receive_fds(host.sock, 2, time.monotonic() + HOST_GUARD)
+                pidfd = os.pidfd_open(pid)
+                if _parent_of(pid) != host.pid:
+                    raise OSError(f"the host named {pid}, which is not its child")
         except OSError:
+            for fd in (*(fds or ()), pidfd):
+                _close(fd)
             fds = None
         if fds is None:
             self._drop(host)
             return None
-        return pid, fds[0], fds[1]
+        return pid, pidfd, fds[0], fds[1]
 
     def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
-        """Run one request in a ready fork of ``host``: write it in, read the answer out."""
+        """Run one request in a ready fork of ``host``: write it in, read the answer out.
+
+        The host and everything it started but this fork are stopped while the fork runs, and
+        /tmp is emptied before the fork starts and before they run again, so nothing the module
+        code left running (a thread, a hook, a process) can pass what one call wrote in /tmp on
+        to a later fork.
+        """
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         taken = self._take_fork(host)
         if taken is None and request.get("env") in self.sources:
@@ -256,37 +314,39 @@ class Runtime:
             taken = self._take_fork(host)
         if taken is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        pid, request_fd, answer_fd = taken
-        deadline = time.monotonic() + timeout
+        pid, pidfd, request_fd, answer_fd = taken
+        frozen = self._freeze(host, pid)
         try:
-            wrote = _write_by(request_fd, protocol.encode_frame(request), deadline)
+            self._empty_tmp()
+            deadline = time.monotonic() + timeout
+            try:
+                wrote = _write_by(request_fd, protocol.encode_frame(request), deadline)
+            finally:
+                os.close(request_fd)
+            if wrote:
+                answer, outcome = read_answer(answer_fd, deadline, cap)
+            else:
+                os.close(answer_fd)
+                answer, outcome = None, "timeout"
+            done = outcome == "done"
+            # A fork that answered is ended at once; one whose pipe closed may run on until the deadline.
+            overran = end(pid, pidfd, None if done or outcome != "ended" else deadline)
         finally:
-            os.close(request_fd)
-        if wrote:
-            answer, outcome = read_answer(answer_fd, deadline, cap)
-        else:
-            os.close(answer_fd)
-            answer, outcome = None, "timeout"
-        done = outcome == "done"
+            os.close(pidfd)
+            self._empty_tmp()
+            for stopped in reversed(frozen):
+                _signal(stopped, signal.SIGCONT)
         try:
-            # A fork that answered is ended at once; otherwise its host waits out the deadline
-            # (it may have closed its pipe and run on) and says how it ended.
-            channel.send(host.sock, {"op": "finish", "pid": pid, "kill": done or outcome != "ended",
-                                     "timeout": max(deadline - time.monotonic(), 0), "reply": not done})
-            report = None if done else channel.receive(host.sock, deadline + HOST_GUARD, HOST_MESSAGE_BYTES)
+            channel.send(host.sock, {"op": "finish", "pid": pid, "reply": not done})
+            report = None if done else channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
         except OSError:
             report = None
         if done and answer is not None:
             return answer
-        if report is None:
+        if report is None or type(report.get("status")) is not int:
             self._drop(host)
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        try:
-            status, overran = int(report["status"]), bool(report["overran"])
-        except (KeyError, TypeError, ValueError):
-            self._drop(host)
-            return {"error": error(SANDBOX_ERROR, "the environment's process sent a malformed report")}
-        return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
+        return {"error": outcome_error(outcome, report["status"] & 0xFFFF, overran, timeout, cap)}
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
@@ -302,7 +362,7 @@ class Runtime:
             check = {"op": "check", "index": index, "source": source, "state": request["state"],
                      "initial": request["initial"], "timeout": request.get("timeout", DEFAULT_TIMEOUT)}
             outcome = self._run(host, check, 1 << 20)
-            if "passed" not in outcome:
+            if type(outcome.get("passed")) is not bool:
                 failure = outcome.get("error")
                 if not isinstance(failure, dict):
                     failure = {"type": SANDBOX_ERROR, "message": "the check sent no answer"}
@@ -321,6 +381,12 @@ class Runtime:
         self._reap()
         if not self.private_tmp:
             return
+        self._empty_tmp()
+        contain.clear_ipc()
+
+    def _empty_tmp(self) -> None:
+        if not self.private_tmp:
+            return
         for entry in os.scandir("/tmp"):
             if any(p == entry.path or p.startswith(entry.path + "/") for p in self.preserve):
                 continue
@@ -331,7 +397,6 @@ class Runtime:
                     os.unlink(entry.path)
             except OSError:
                 pass
-        contain.clear_ipc()
 
 
 def _answer_cap(request: dict[str, Any]) -> int:
@@ -349,6 +414,68 @@ def _processes() -> list[tuple[int, int]]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
+
+
+def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]:
+    """What the service may see of a fork's answer: only the fields of ``op``, of the right types.
+
+    The answer was written by a process that ran environment code, so it may be forged: a field
+    of the worker's own (``unhealthy``) or a result over the limit must never get through.
+    """
+    malformed = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+    failure = answer.get("error")
+    if failure is not None:
+        if (isinstance(failure, dict) and type(failure.get("type")) is str
+                and type(failure.get("message")) is str):
+            return {"error": error(failure["type"][:100], failure["message"][:4000])}
+        return malformed
+    if op == "init":
+        return {"state": answer["state"]} if type(answer.get("state")) is str else malformed
+    if op == "validate":
+        found = answer.get("failure")
+        if answer.get("ok") is True:
+            return {"ok": True}
+        if isinstance(found, dict) and type(found.get("kind")) is str and type(found.get("message")) is str:
+            return {"ok": False, "failure": {"kind": found["kind"][:100], "message": found["message"][:4000]}}
+        return malformed
+    state, diff = answer.get("state"), answer.get("diff")
+    if answer.get("ok") is not True or not (state is None or type(state) is str) or not isinstance(diff, dict):
+        return malformed
+    result = answer.get("result")
+    size = len(json.dumps(result, ensure_ascii=False).encode())
+    if size > max_result:
+        return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
+                                              f"{max_result} byte limit")}
+    return {"ok": True, "result": result, "error": None, "state": state, "diff": diff}
+
+
+def _children_of(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (one read per thread, no scan of /proc)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as listing:
+                found.extend(int(child) for child in listing.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _signal(pid: int, sig: int) -> None:

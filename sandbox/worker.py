@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
@@ -45,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=0, help="extra processes a call may start")
     parser.add_argument("--tmp-mb", type=int, default=64)
     parser.add_argument("--output-bytes", type=int, default=1 << 20)
+    parser.add_argument("--cgroup", default="", help="memory cgroup to join (made by the service)")
+    parser.add_argument("--cgroup-missing", default="the service made no memory cgroup for this worker",
+                        help="why there is no --cgroup")
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
     parser.add_argument("--container", action="store_true", help="the container engine confines us: verify only")
     return parser.parse_args(argv)
@@ -52,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Python turns SIGINT into an exception: as PID 1 of its namespace (or behind a container's
+    # init, which forwards it) the worker would otherwise die of one sent from inside.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The protocol keeps private copies of stdin/stdout; fds 0-2 become /dev/null
     # so environment code that writes to them cannot corrupt frames.
     proto_in = os.fdopen(os.dup(0), "rb")
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         contain.die_with_parent()
         report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
-        report = contain.apply(args.uid, args.gid, args.tmp_mb)
+        report = contain.apply(args.uid, args.gid, args.tmp_mb, args.cgroup or None, args.cgroup_missing)
     limits = WorkerLimits(
         memory_bytes=args.memory_mb << 20,
         open_files=args.open_files,
@@ -81,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     # /tmp and the IPC namespace are ours to empty only when confinement made them private.
     private = args.container or "filesystem" in report["applied"]
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
-                      own_processes=args.container or "processes" in report["applied"])
+                      own_processes=args.container or "processes" in report["applied"],
+                      filter_syscalls=not args.no_contain)
+    if runtime.filter_missing is None:
+        report["applied"].append("syscalls")
+    else:
+        report["missing"]["syscalls"] = f"no seccomp filter on environment code ({runtime.filter_missing})"
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import idempotency, schemas
 from service.auth import KeyRing, Principal
 from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
-from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest
+from service.observability import Metrics
+from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
 from service.registry import Registry
 from service.sessions import Applied, Created, Sessions
+from service.store import Snapshot, StoreError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}, "description": text}
@@ -29,7 +33,9 @@ def _scope(scope: str) -> Any:
     async def principal(request: Request,
                         _: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
         keys: KeyRing = request.app.state.keys
-        return keys.authenticate(request.headers.get("authorization"), scope)
+        who = keys.authenticate(request.headers.get("authorization"), scope)
+        request.state.tenant = who.tenant or "-"  # for the access log
+        return who
 
     return Depends(principal)
 
@@ -60,7 +66,31 @@ def _utc(ts: float) -> datetime:
 
 @router.get("/healthz", response_model=schemas.Health, tags=["service"])
 async def healthz() -> schemas.Health:
+    """Liveness: the process answers."""
     return schemas.Health(status="ok")
+
+
+@router.get("/readyz", response_model=schemas.Health, tags=["service"])
+async def readyz(request: Request) -> schemas.Health:
+    """Readiness: the session store answers and the sandbox pool has a live worker (503 otherwise)."""
+    engine: Sessions = request.app.state.sessions
+    try:
+        await asyncio.wait_for(engine.store.ping(), 2.0)
+    except (StoreError, TimeoutError) as exc:
+        raise Unavailable(f"the session store does not answer: {exc}") from None
+    pool = engine.pool
+    if pool.size - len(getattr(pool, "_pending", ())) <= 0:
+        raise Unavailable("no sandbox worker is running; they are being restarted")
+    return schemas.Health(status="ready")
+
+
+@router.get("/metrics", tags=["service"], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this replica."""
+    registry: Metrics = request.app.state.metrics
+    registry.observe_pool(request.app.state.pool)
+    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- environments ---------------------------------------------------------------------------
@@ -206,15 +236,26 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
     return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
 
 
-@router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
-async def get_session(session_id: str, who: Principal = Run,
-                      engine: Sessions = Depends(sessions)) -> schemas.SessionInfo:
-    snap = await engine.snapshot(session_id, tenant=who.tenant)
+def _info(snap: Snapshot) -> schemas.SessionInfo:
     meta = snap.meta
     return schemas.SessionInfo(session_id=meta.session_id, env_id=meta.env_id, scenario_id=meta.scenario_id,
                                parent_id=meta.parent_id, mode="conversation" if meta.mode == "conversation" else "task",
                                done=meta.done, steps=meta.step, created_at=_utc(meta.created_at),
                                expires_at=_utc(snap.expires_at))
+
+
+@router.get("/v1/sessions", response_model=schemas.SessionList, tags=["sessions"])
+async def list_sessions(offset: int = Query(default=0, ge=0), limit: int = Query(default=100, ge=1, le=MAX_PAGE),
+                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.SessionList:
+    """This tenant's live sessions, the next to expire first."""
+    snaps, total = await engine.live(offset, limit, tenant=who.tenant)
+    return schemas.SessionList(sessions=[_info(s) for s in snaps], total=total, offset=offset)
+
+
+@router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
+async def get_session(session_id: str, who: Principal = Run,
+                      engine: Sessions = Depends(sessions)) -> schemas.SessionInfo:
+    return _info(await engine.snapshot(session_id, tenant=who.tenant))
 
 
 @router.get("/v1/sessions/{session_id}/tools", response_model=schemas.ToolList, tags=["sessions"])

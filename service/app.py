@@ -16,6 +16,7 @@ from service.api import router
 from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.limits import BodyLimit
+from service.observability import Metrics, RequestLog
 from service.registry import Registry
 from service.sessions import Sessions
 from service.settings import Settings
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         app.state.pool = pool
         app.state.registry = registry
         app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user,
-                                      limits=settings.session_limits())
+                                      limits=settings.session_limits(), metrics=metrics)
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
@@ -112,6 +113,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 await user.close()
 
     app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
+    metrics = Metrics()
+    app.state.metrics = metrics
     problems.install(app)
 
     @app.exception_handler(Exception)
@@ -122,4 +125,5 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
 
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
+    app.add_middleware(RequestLog, metrics=metrics)  # outermost: refused bodies are counted and logged too
     return app

@@ -28,9 +28,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app, load_catalog
     from service.auth import KeyFileError, KeyRing
+    from service.observability import configure_logging
 
     settings = _settings(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(settings.log_format)
     try:
         keys = KeyRing.load(settings.api_keys, settings.api_keys_file)
     except KeyFileError as exc:
@@ -47,7 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
           flush=True)
-    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info",
+                log_config=log_config, access_log=False)
     return 0
 
 

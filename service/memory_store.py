@@ -148,6 +148,11 @@ class MemoryStore:
         self._live[tenant] = live
         return None
 
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        now = time.time()
+        alive = sorted((expires, sid) for sid, expires in self._live.get(tenant, {}).items() if expires > now)
+        return [sid for _, sid in alive[offset:offset + limit]], len(alive)
+
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         for sid in session_ids:
             self._live.get(tenant, {}).pop(sid, None)

@@ -246,6 +246,15 @@ class RedisStore:
         return None if int(live) < 0 else int(live)
 
     @_translated
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        key, now = self.keys.live_sessions(tenant), int(time.time() * 1000)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zrangebyscore(key, now, "+inf", start=offset, num=limit)
+            pipe.zcount(key, now, "+inf")
+            ids, total = await pipe.execute()
+        return [str(i) for i in ids], int(total)
+
+    @_translated
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         if session_ids:
             await self.client.zrem(self.keys.live_sessions(tenant), *session_ids)

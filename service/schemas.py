@@ -146,6 +146,12 @@ class SessionInfo(BaseModel):
     expires_at: datetime
 
 
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+    total: int = Field(description="Live sessions of this tenant.")
+    offset: int
+
+
 class MessageRequest(Strict):
     content: str = Field(min_length=1, max_length=64 * 1024, description="The agent's message to the user.")
 

@@ -19,6 +19,8 @@ from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
+from service.fairness import FairGate
+from service.observability import Metrics
 from service.offload import Offload, ViewError
 from service.problems import (
     Conflict,
@@ -63,7 +65,7 @@ class SessionLimits:
     max_sessions: int = 10_000  # live sessions (forks included) per tenant
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
-    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold at once
+    tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
 
 
 @dataclass
@@ -77,10 +79,11 @@ class Applied:
 class Sessions:
     def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
                  user: UserSimulator | None = None, offload: Offload | None = None,
-                 limits: SessionLimits | None = None) -> None:
+                 limits: SessionLimits | None = None, metrics: Metrics | None = None) -> None:
         self.offload = offload or Offload()
+        self.metrics = metrics or Metrics()
         self.limits = limits or SessionLimits()
-        self._tenant_slots: dict[str, asyncio.Semaphore] = {}
+        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share)
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -97,15 +100,24 @@ class Sessions:
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
                                  field="init_config")
-        opening = None
-        if mode == "conversation":
-            if scenario is None:
-                raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
-                                     field="mode")
-            opening = await self._user_opening(scenario.task)
+        if mode == "conversation" and scenario is None:
+            raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
+                                 field="mode")
+        ids = [new_session_id() for _ in range(n)]
+        async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
+            opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
+            state = await self._initial_state(env, config, tenant)
+            now = time.time()
+            metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
+                                 mode=mode, opening=opening) for sid in ids]
+            await self._store(self.store.create_group(metas, state, state, []))
+        self.metrics.sessions.labels("create").inc(n)
+        return Created(metas, env, scenario)
+
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                state = await self.pool.init_state(env_code(env), config)
+                return await self.pool.init_state(env_code(env), config)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -116,25 +128,21 @@ class Sessions:
                                      reason=exc.kind) from exc
         except SandboxError as exc:
             raise Unavailable(exc.message) from exc
-        now = time.time()
-        metas = [SessionMeta(new_session_id(), env.env_id, scenario.scenario_id if scenario else None, now,
-                             tenant=tenant, mode=mode, opening=opening) for _ in range(n)]
-        await self._create(metas, state, state, [])
-        return Created(metas, env, scenario)
 
-    async def _create(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
-        """Store a group within the tenant's quota of live sessions, all or none."""
-        tenant, ids = metas[0].tenant, [m.session_id for m in metas]
+    @asynccontextmanager
+    async def _admitted(self, tenant: str, ids: list[str]) -> AsyncIterator[None]:
+        """Count ``ids`` against the tenant's quota of live sessions; uncount them if creation fails."""
         live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
         if live is not None:
             raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
                                 "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
                                 value=self.limits.max_sessions, retry_after=60)
         try:
-            await self._store(self.store.create_group(metas, state, initial, trajectory))
+            yield
         except BaseException:
             await self._store(self.store.forget(tenant, ids))
             raise
+
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -154,6 +162,12 @@ class Sessions:
         if snap is None or snap.meta.tenant != tenant:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
         return snap
+
+    async def live(self, offset: int, limit: int, *, tenant: str = "") -> tuple[list[Snapshot], int]:
+        """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
+        ids, total = await self._store(self.store.live(tenant, offset, limit))
+        snaps = [await self._store(self.store.load(sid)) for sid in ids]
+        return [s for s in snaps if s is not None and s.meta.tenant == tenant], total
 
     async def environment_of(self, snap: Snapshot) -> Environment:
         try:
@@ -198,6 +212,7 @@ class Sessions:
             raise Unavailable(str(exc)) from exc
         except SandboxBusy as exc:
             raise Unavailable(exc.message) from exc
+        self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
         return Applied(record)
 
     async def message(self, session_id: str, content: str, *, key: str | None = None, tenant: str = "") -> Applied:
@@ -248,15 +263,10 @@ class Sessions:
 
     @asynccontextmanager
     async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
-        """Hold one of the tenant's share of sandbox workers, so one tenant cannot occupy them all."""
-        if self.limits.tenant_sandbox_share >= 1.0:
-            yield
-            return
-        slots = self._tenant_slots.get(tenant)
-        if slots is None:
-            slots = asyncio.Semaphore(max(1, int(self.pool.size * self.limits.tenant_sandbox_share)))
-            self._tenant_slots[tenant] = slots
-        async with slots:
+        """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``)."""
+        started = time.perf_counter()
+        async with self.gate.slot(tenant):
+            self.metrics.sandbox_wait.observe(time.perf_counter() - started)
             yield
 
     @property
@@ -365,7 +375,9 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
-        await self._create(metas, snap.state, snap.initial, snap.trajectory)
+        async with self._admitted(tenant, [m.session_id for m in metas]):
+            await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+        self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
@@ -373,13 +385,17 @@ class Sessions:
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
         await self._store(self.store.forget(tenant, [session_id]))
+        self.metrics.sessions_deleted.inc()
 
-    @staticmethod
-    async def _store(awaitable: Any) -> Any:
+    async def _store(self, awaitable: Any) -> Any:
+        started = time.perf_counter()
         try:
             return await awaitable
         except StoreError as exc:
+            self.metrics.store_errors.inc()
             raise Unavailable(str(exc)) from exc
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - started)
 
 
 def _unicode_problem(value: Any) -> str | None:

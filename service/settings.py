@@ -28,6 +28,7 @@ class Settings(BaseSettings):
         "redis_url (rediss://user:pass@...). A redis+cluster:// or rediss+cluster:// URL alone also selects cluster mode.",
     )
     key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
+    log_format: Literal["json", "text"] = Field(default="json", description="One JSON object per log line, or text.")
     host: str = "127.0.0.1"
     port: int = 8000
     sandbox: Literal["process", "docker"] = Field(default="process", description="Sandbox backend.")

@@ -129,6 +129,9 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         """Stop counting sessions (deleted, or their creation failed)."""
 
+    async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
+        """A page of the tenant's live session ids, oldest expiry first, and how many there are."""
+
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None) -> str | None:
         """Store a tenant's catalog record unless ``key`` exists; return the existing value if it does.

@@ -471,43 +471,6 @@ def test_unserializable_attribute_of_env_object_is_pointed_at(env: types.ModuleT
     assert excinfo.value.path == "/items/1/y"
 
 
-@pytest.mark.parametrize("kind", ["list", "dict", "tuple-list", "env-object"])
-def test_reference_cycle_raises_codec_error(env: types.ModuleType, kind: str) -> None:
-    if kind == "list":
-        value: Any = []
-        value.append(value)
-    elif kind == "dict":
-        value = {}
-        value["self"] = value
-    elif kind == "tuple-list":
-        inner: list[Any] = []
-        value = (inner,)
-        inner.append(value)
-    else:
-        value = env.Point(1, None)
-        value.y = [value]
-    with pytest.raises(CodecError) as excinfo:
-        encode_state({"a": value}, ENV_MODULE)
-    assert excinfo.value.path.startswith("/a")
-    assert "cycle" in str(excinfo.value)
-
-
-@pytest.mark.parametrize("kind", ["ordered-dict", "namespace"])
-def test_reference_cycle_in_pickled_value_round_trips_and_views_as_cycle(kind: str) -> None:
-    value: Any
-    if kind == "ordered-dict":
-        value = collections.OrderedDict()
-        value["self"] = value
-    else:
-        value = types.SimpleNamespace()
-        value.me = value
-    text = encode_state({"a": value})
-    back = decode(json.loads(text))["a"]
-    assert type(back) is type(value)
-    assert (back["self"] if kind == "ordered-dict" else back.me) is back
-    assert "<cycle>" in json.dumps(view_encoded(json.loads(text)))
-
-
 def test_too_deep_nesting_raises_codec_error() -> None:
     deep: list[Any] = []
     cursor = deep

@@ -142,3 +142,16 @@ def test_a_retry_on_another_replica_returns_the_first_answer(replicas: tuple[Ser
         assert retried.json() == answer and retried.headers["Idempotent-Replayed"] == "true"
         steps = b.get(f"/v1/sessions/{sid}/trajectory").json()
         assert steps["total"] == 1 and steps["steps"][0]["name"] == "add_item"
+
+
+def test_a_tenant_lists_its_live_sessions(client: httpx.Client) -> None:
+    before = client.get("/v1/sessions", params={"limit": 1000}).json()["total"]
+    group = created(client, scenario_id="probe-001", n=3)["session_ids"]
+    client.delete(f"/v1/sessions/{group[2]}")
+    listed = client.get("/v1/sessions", params={"limit": 1000}).json()
+    assert listed["total"] == before + 2
+    mine = {s["session_id"]: s for s in listed["sessions"]}
+    assert set(group[:2]) <= set(mine) and group[2] not in mine
+    assert mine[group[0]]["scenario_id"] == "probe-001" and mine[group[0]]["steps"] == 0
+    page = client.get("/v1/sessions", params={"offset": 0, "limit": 1}).json()
+    assert len(page["sessions"]) == 1 and page["total"] == listed["total"]

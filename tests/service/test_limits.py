@@ -148,3 +148,36 @@ def test_a_tenant_past_its_live_session_quota_gets_429(tmp_path: Path) -> None:
             assert client.post("/v1/sessions", json={"scenario_id": "probe-001"}).status_code == 201
     finally:
         server.stop()
+
+
+def test_a_waiting_tenant_goes_before_a_busy_tenants_queue(tmp_path: Path, keys: Keys) -> None:
+    """Work-conserving fairness, on by default: alpha fills both workers and queues two more calls;
+    beta's one call takes the next free worker."""
+    server = start_server(tmp_path, workers=2, extra_env={"ENVFOUNDRY_API_KEYS": keys.lines})
+    env_id = f"slow-{secrets.token_hex(3)}"
+    try:
+        with as_(server, keys.a) as a, as_(server, keys.b) as b:
+            for client in (a, b):
+                assert client.post("/v1/environments", json={"env_id": env_id, "class_name": "Slow",
+                                                             "code": SLOW}).status_code == 201
+            alpha = [new_session(a, env_id=env_id) for _ in range(4)]
+            beta = new_session(b, env_id=env_id)
+            finished: dict[str, float] = {}
+
+            def run(client: httpx.Client, sid: str, name: str, seconds: float) -> None:
+                call(client, sid, "nap", {"seconds": seconds})
+                finished[name] = time.monotonic()
+
+            with ThreadPoolExecutor(5) as pool:
+                futures = []
+                for i, sid in enumerate(alpha):
+                    futures.append(pool.submit(run, a, sid, f"alpha-{i}", 1.5))
+                    time.sleep(0.1)
+                time.sleep(0.3)
+                futures.append(pool.submit(run, b, beta, "beta", 0.2))
+                for future in futures:
+                    future.result()
+            third_alpha = sorted(finished[f"alpha-{i}"] for i in range(4))[2]
+            assert finished["beta"] < third_alpha
+    finally:
+        server.stop()

@@ -1,0 +1,182 @@
+"""Seccomp filters for the processes that run environment code, written as classic BPF.
+
+Two filters, stacked by the kernel (a syscall must pass every filter a process holds, and no
+filter can ever be removed):
+
+- ``confine()`` is installed once by the zygote, so every environment host, call, check and
+  validation inherits it. It refuses the kernel interfaces through which one call could leave
+  something for a later call (shared mappings, System V and POSIX IPC, memfd, keyrings), reach
+  past its limits or its namespaces (io_uring, bpf, perf, userfaultfd, ptrace, the mount family,
+  new namespaces), or open a socket to another process; and it refuses every ABI but x86_64's.
+- ``own_group_signals_only()`` is installed by each environment host and each validation (the
+  zygote itself must still end hosts): signals may go to the caller's own process group
+  (``os.kill(0, sig)``) and nowhere else, not even by the caller's own pid. Every host and every
+  call holds a process group of its own, so no machinery (worker, zygote, hosts, other calls)
+  can be signalled. Calls inherit it from their host: one filter per host, none per call.
+
+Refused calls fail with EPERM (clone3 with ENOSYS, so the C library falls back to clone, whose
+flags a filter can read). Standard library only: this module runs inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+import struct
+
+# Classic BPF opcodes (linux/filter.h).
+LD_ABS_W = 0x20
+JEQ_K = 0x15
+JGE_K = 0x35
+JSET_K = 0x45
+RET_K = 0x06
+RET_KILL_PROCESS = 0x80000000
+RET_ERRNO = 0x00050000
+RET_ALLOW = 0x7FFF0000
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_SYSCALL_BIT = 0x40000000
+# struct seccomp_data: nr, arch, instruction pointer, then six 64-bit arguments (low word first).
+NR_OFFSET, ARCH_OFFSET = 0, 4
+
+
+def _arg_low(index: int) -> int:
+    return 16 + 8 * index
+
+
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+MAP_SHARED = 0x01  # MAP_SHARED_VALIDATE (0x03) carries this bit too
+CLONE_NEW_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
+                   | 0x40000000)  # NS, CGROUP, UTS, IPC, USER, PID, NET
+
+# x86_64 system call numbers refused outright, by what they would open up.
+REFUSED = {
+    "keyrings (kept by the kernel per uid, across calls and restarts)": (248, 249, 250),
+    "System V IPC": (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220),
+    "POSIX message queues": (240, 241, 242, 243, 244, 245),
+    "memfd (memory outside the address-space limit)": (319, 447),
+    "io_uring": (425, 426, 427),
+    "ptrace and access to other processes' memory": (101, 310, 311, 438),
+    "bpf, perf_event_open, userfaultfd": (321, 298, 323),
+    "the mount family": (165, 166, 155, 161, 428, 429, 430, 431, 432, 433, 442),
+    "new namespaces": (272, 308),
+    "sockets (a channel to a process that outlives the call)": (41,),
+    "kernel modules, kexec, reboot, swap, handles to any file": (175, 176, 313, 246, 320, 169, 167, 168, 303, 304),
+    "signals by pidfd": (424,),
+}
+MMAP, CLONE, CLONE3 = 9, 56, 435
+KILL, TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO = 62, 200, 234, 129, 297
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class _Program:
+    """A tiny assembler: instructions with named jump targets, resolved to relative offsets."""
+
+    def __init__(self) -> None:
+        self.code: list[tuple[int, str | int, str | int, int]] = []
+        self.labels: dict[str, int] = {}
+
+    def load(self, offset: int) -> None:
+        self.code.append((LD_ABS_W, 0, 0, offset))
+
+    def jump(self, op: int, value: int, if_true: str | int = 0, if_false: str | int = 0) -> None:
+        self.code.append((op, if_true, if_false, value))
+
+    def ret(self, action: int) -> None:
+        self.code.append((RET_K, 0, 0, action))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def assemble(self) -> bytes:
+        out = bytearray()
+        for index, (op, true, false, value) in enumerate(self.code):
+            jt, jf = (self.labels[t] - index - 1 if isinstance(t, str) else t for t in (true, false))
+            if not (0 <= jt <= 255 and 0 <= jf <= 255):
+                raise ValueError("seccomp filter jump out of range")
+            out += struct.pack("=HBBI", op, jt, jf, value & 0xFFFFFFFF)
+        return bytes(out)
+
+
+def confine_program() -> bytes:
+    deny = RET_ERRNO | errno.EPERM
+    program = _Program()
+    program.load(ARCH_OFFSET)
+    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
+    program.load(NR_OFFSET)
+    program.jump(JGE_K, X32_SYSCALL_BIT, "deny")
+    for numbers in REFUSED.values():
+        for number in numbers:
+            program.jump(JEQ_K, number, "deny")
+    program.jump(JEQ_K, CLONE3, "enosys")
+    program.jump(JEQ_K, MMAP, "mmap")
+    program.jump(JEQ_K, CLONE, "clone")
+    program.ret(RET_ALLOW)
+    program.label("mmap")
+    program.load(_arg_low(3))
+    program.jump(JSET_K, MAP_SHARED, "deny")
+    program.ret(RET_ALLOW)
+    program.label("clone")
+    program.load(_arg_low(0))
+    program.jump(JSET_K, CLONE_NEW_FLAGS, "deny")
+    program.ret(RET_ALLOW)
+    program.label("deny")
+    program.ret(deny)
+    program.label("enosys")
+    program.ret(RET_ERRNO | errno.ENOSYS)
+    program.label("kill")
+    program.ret(RET_KILL_PROCESS)
+    return program.assemble()
+
+
+def signal_program() -> bytes:
+    """Signals only to the caller's own process group (``kill(0, sig)``); none by pid or thread."""
+    program = _Program()
+    program.load(ARCH_OFFSET)
+    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
+    program.load(NR_OFFSET)
+    for number in (TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO):
+        program.jump(JEQ_K, number, "deny")
+    program.jump(JEQ_K, KILL, 0, "allow")
+    # pid_t is 32 bits: the kernel reads only the low word of the first argument.
+    program.load(_arg_low(0))
+    program.jump(JEQ_K, 0, "allow")
+    program.label("deny")
+    program.ret(RET_ERRNO | errno.EPERM)
+    program.label("allow")
+    program.ret(RET_ALLOW)
+    program.label("kill")
+    program.ret(RET_KILL_PROCESS)
+    return program.assemble()
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def supported() -> bool:
+    """The filters speak the x86_64 system call numbers only."""
+    return platform.machine() == "x86_64"
+
+
+def _install(program: bytes) -> None:
+    """Install a filter on the calling thread (and everything it later starts). Needs no_new_privs."""
+    if not supported():
+        raise OSError(errno.ENOSYS, f"seccomp filters are written for x86_64, not {platform.machine()}")
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
+
+
+def confine() -> None:
+    _install(confine_program())
+
+
+def own_group_signals_only() -> None:
+    _install(signal_program())

@@ -1,0 +1,86 @@
+"""Sandbox workers shared fairly between tenants.
+
+The gate admits as many sandbox requests at once as there are workers. When a
+worker frees up and several tenants are waiting, the tenant that holds the
+fewest workers goes first (first come, first served within a tenant). So one
+tenant with a thousand queued rollouts cannot starve another tenant's single
+call, and a tenant alone still gets every worker. A share below 1 also caps
+what one tenant may hold even when nobody else is waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class FairGate:
+    def __init__(self, capacity: int, share: float = 1.0) -> None:
+        self.capacity = capacity
+        self.cap = capacity if share >= 1.0 else max(1, int(capacity * share))
+        self.held: dict[str, int] = {}
+        self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    @property
+    def in_use(self) -> int:
+        return sum(self.held.values())
+
+    @asynccontextmanager
+    async def slot(self, tenant: str) -> AsyncIterator[None]:
+        await self._acquire(tenant)
+        try:
+            yield
+        finally:
+            self._release(tenant)
+
+    async def _acquire(self, tenant: str) -> None:
+        if not self.waiting and self._may_take(tenant):
+            self._take(tenant)
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(tenant, deque()).append(granted)
+        self._dispatch()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release(tenant)  # granted just as the waiter gave up: hand the slot on
+            else:
+                self._forget(tenant, granted)
+            raise
+
+    def _may_take(self, tenant: str) -> bool:
+        return self.in_use < self.capacity and self.held.get(tenant, 0) < self.cap
+
+    def _take(self, tenant: str) -> None:
+        self.held[tenant] = self.held.get(tenant, 0) + 1
+
+    def _release(self, tenant: str) -> None:
+        self.held[tenant] -= 1
+        if not self.held[tenant]:
+            del self.held[tenant]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.in_use < self.capacity:
+            eligible = [t for t in self.waiting if self.held.get(t, 0) < self.cap]
+            if not eligible:
+                return
+            tenant = min(eligible, key=lambda t: self.held.get(t, 0))
+            queue = self.waiting[tenant]
+            granted = queue.popleft()
+            if not queue:
+                del self.waiting[tenant]
+            if granted.done():  # its waiter was cancelled and has not cleaned up yet
+                continue
+            self._take(tenant)
+            granted.set_result(None)
+
+    def _forget(self, tenant: str, granted: asyncio.Future[None]) -> None:
+        queue = self.waiting.get(tenant)
+        if queue is not None and granted in queue:
+            queue.remove(granted)
+            if not queue:
+                del self.waiting[tenant]

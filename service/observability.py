@@ -1,0 +1,135 @@
+"""Metrics in Prometheus format and one structured log line per request.
+
+Every request gets an id (a client's ``X-Request-ID`` when it is sane, else a
+new one), returned in ``X-Request-ID`` and carried by every log line written
+while the request runs. Logs hold no state, arguments or keys: only the route,
+tenant, session, status and duration.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("envfoundry.access")
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The service's metrics, in a registry of its own (one per app, so tests can run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("envfoundry_http_requests", "HTTP requests by route and status.",
+                                ["method", "route", "status"], registry=r)
+        self.latency = Histogram("envfoundry_http_request_duration_seconds", "HTTP request latency by route.",
+                                 ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tool_calls = Counter("envfoundry_tool_calls", "Tool calls by outcome ('ok' or the error type).",
+                                  ["outcome"], registry=r)
+        self.sandbox_wait = Histogram("envfoundry_sandbox_wait_seconds", "Time a request waited for its share "
+                                      "of sandbox workers.", buckets=LATENCY_BUCKETS, registry=r)
+        self.sessions = Counter("envfoundry_sessions_created", "Sessions created (groups and forks count each).",
+                                ["kind"], registry=r)
+        self.sessions_deleted = Counter("envfoundry_sessions_deleted", "Sessions deleted.", registry=r)
+        self.store_latency = Histogram("envfoundry_store_duration_seconds", "Session store operations.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.store_errors = Counter("envfoundry_store_errors", "Session store operations that failed.", registry=r)
+        self.workers = Gauge("envfoundry_sandbox_workers", "Sandbox workers by state.", ["state"], registry=r)
+        self.worker_replacements = Gauge("envfoundry_sandbox_worker_replacements",
+                                         "Sandbox workers replaced (lost, hung, recycled) since start.", registry=r)
+
+    def observe_pool(self, pool: Any) -> None:
+        """Refresh the pool gauges (read at scrape time: the pool keeps its own counts)."""
+        idle = pool._idle.qsize()
+        starting = len(getattr(pool, "_pending", ()))
+        self.workers.labels("idle").set(idle)
+        self.workers.labels("starting").set(starting)
+        self.workers.labels("busy").set(max(0, pool.size - idle - starting))
+        self.worker_replacements.set(pool.replaced)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: level, time, logger, message, the request id, and any ``extra`` fields."""
+
+    FIELDS = ("route", "method", "status", "duration_ms", "tenant", "session")
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if request_id.get():
+            entry["request_id"] = request_id.get()
+        for name in self.FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+class RequestLog:
+    """ASGI middleware: request id, the access log line, and the HTTP metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = offered if SANE_ID.match(offered) else secrets.token_hex(8)
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope["method"]
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            state = scope.get("state") or {}
+            log.info("%s %s %d", method, route, status, extra={
+                "route": route, "method": method, "status": status, "duration_ms": round(elapsed * 1000, 3),
+                "tenant": state.get("tenant"), "session": (scope.get("path_params") or {}).get("session_id"),
+            })
+            request_id.reset(token)
+
+
+def configure_logging(fmt: str, level: int = logging.INFO) -> dict[str, Any]:
+    """Set up the root logger; return a uvicorn ``log_config`` that writes through it."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    return {"version": 1, "disable_existing_loggers": False,
+            "loggers": {name: {"handlers": [], "propagate": True} for name in ("uvicorn", "uvicorn.error")}}

@@ -1,0 +1,75 @@
+"""FairGate: a tenant alone gets every worker; waiting tenants are served fewest-held first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.fairness import FairGate
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_tenant_alone_gets_every_slot() -> None:
+    gate = FairGate(3)
+    held = [gate.slot("a") for _ in range(3)]
+    for slot in held:
+        await slot.__aenter__()
+    assert gate.held == {"a": 3}
+    for slot in held:
+        await slot.__aexit__(None, None, None)
+    assert gate.held == {} and gate.waiting == {}
+
+
+async def test_a_freed_slot_goes_to_the_waiting_tenant_holding_fewest() -> None:
+    gate = FairGate(2)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def work(tenant: str, name: str) -> None:
+        async with gate.slot(tenant):
+            order.append(name)
+            await release.wait()
+
+    tasks = [asyncio.create_task(work("a", f"a{i}")) for i in range(4)]
+    await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(work("b", "b0")))
+    await asyncio.sleep(0.01)
+    assert order == ["a0", "a1"] and len(gate.waiting["a"]) == 2 and len(gate.waiting["b"]) == 1
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order[2] == "b0", order  # b held nothing, so it went before a's queued work
+    assert gate.held == {} and gate.waiting == {}
+
+
+async def test_a_share_caps_a_tenant_even_when_nobody_waits() -> None:
+    gate = FairGate(4, share=0.5)
+    first, second, third = gate.slot("a"), gate.slot("a"), gate.slot("a")
+    await first.__aenter__()
+    await second.__aenter__()
+    blocked = asyncio.create_task(third.__aenter__())
+    await asyncio.sleep(0.01)
+    assert not blocked.done() and gate.held == {"a": 2}
+    async with gate.slot("b"):  # another tenant is not held back by a's cap
+        assert gate.held == {"a": 2, "b": 1}
+    await first.__aexit__(None, None, None)
+    await blocked
+    assert gate.held == {"a": 2}
+    await second.__aexit__(None, None, None)
+    await third.__aexit__(None, None, None)
+
+
+async def test_a_waiter_that_gives_up_leaves_no_slot_behind() -> None:
+    gate = FairGate(1)
+    holder = gate.slot("a")
+    await holder.__aenter__()
+    waiter = asyncio.create_task(gate.slot("b").__aenter__())
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await holder.__aexit__(None, None, None)
+    assert gate.held == {} and gate.waiting == {}
+    async with gate.slot("c"):
+        assert gate.held == {"c": 1}

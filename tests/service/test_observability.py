@@ -1,0 +1,106 @@
+"""/metrics, /readyz, request ids and structured logs, over a real server."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, start_server
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text, 0 when absent."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if match and ",".join(sorted((match.group(1) or "").split(","))) == wanted:
+            return float(match.group(2))
+    return 0.0
+
+
+def test_metrics_move_by_what_an_episode_did(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        with server.client() as client:
+            before = client.get("/metrics").text
+            sid = client.post("/v1/sessions", json={"scenario_id": "probe-001"}).json()["session_id"]
+            for by in (1, 2, 3):
+                assert client.post(f"/v1/sessions/{sid}/calls", json={"name": "increment",
+                                                                      "arguments": {"by": by}}).json()["ok"]
+            assert client.post(f"/v1/sessions/{sid}/calls", json={"name": "nope"}).json()["ok"] is False
+            client.post(f"/v1/sessions/{sid}/fork", json={"n": 2})
+            client.post(f"/v1/sessions/{sid}/score")
+            client.get("/v1/sessions/ses_missing")
+            after = client.get("/metrics")
+        assert after.headers["content-type"].startswith("text/plain")
+        text = after.text
+        calls = {"method": "POST", "route": "/v1/sessions/{session_id}/calls", "status": "200"}
+        assert sample(text, "envfoundry_http_requests_total", **calls) - \
+            sample(before, "envfoundry_http_requests_total", **calls) == 4
+        missing = {"method": "GET", "route": "/v1/sessions/{session_id}", "status": "404"}
+        assert sample(text, "envfoundry_http_requests_total", **missing) == 1
+        assert sample(text, "envfoundry_tool_calls_total", outcome="ok") == 3
+        assert sample(text, "envfoundry_tool_calls_total", outcome="unknown_tool") == 1
+        assert sample(text, "envfoundry_sessions_created_total", kind="create") == 1
+        assert sample(text, "envfoundry_sessions_created_total", kind="fork") == 2
+        assert sample(text, "envfoundry_http_request_duration_seconds_count", method="POST",
+                      route="/v1/sessions/{session_id}/calls") == 4
+        assert sample(text, "envfoundry_sandbox_workers", state="idle") + \
+            sample(text, "envfoundry_sandbox_workers", state="busy") == 2
+        assert sample(text, "envfoundry_store_duration_seconds_count") > 0
+    finally:
+        server.stop()
+
+
+def test_request_ids_and_json_logs_without_secrets(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    secret = "s3cret-" + secrets.token_hex(6)
+    try:
+        with server.client() as client:
+            echoed = client.get("/healthz", headers={"X-Request-ID": "trace-abc.123"})
+            assert echoed.headers["X-Request-ID"] == "trace-abc.123"
+            made = client.get("/healthz", headers={"X-Request-ID": "bad id with spaces"}).headers["X-Request-ID"]
+            assert re.fullmatch(r"[0-9a-f]{16}", made)
+            sid = client.post("/v1/sessions", json={"scenario_id": "probe-001"}).json()["session_id"]
+            client.post(f"/v1/sessions/{sid}/calls", json={"name": "add_item",
+                                                           "arguments": {"item_id": "A1", "name": secret}},
+                        headers={"X-Request-ID": "call-1"})
+    finally:
+        server.stop()
+    text = server.log.read_text()
+    assert secret not in text
+    entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    call = next(e for e in entries if e.get("request_id") == "call-1")
+    assert call["route"] == "/v1/sessions/{session_id}/calls" and call["status"] == 200
+    assert call["session"] == sid and call["method"] == "POST" and call["duration_ms"] > 0
+    assert call["level"] == "info" and call["time"].endswith("+00:00")
+    assert {"time", "level", "logger", "message"} <= set(entries[0])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server to start a Redis of its own")
+def test_readiness_follows_redis_and_liveness_does_not(tmp_path: Path) -> None:
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    time.sleep(0.3)
+    server = start_server(tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
+    try:
+        with server.client(timeout=10) as client:
+            assert client.get("/readyz").json() == {"status": "ready"}
+            redis.kill()
+            redis.wait()
+            not_ready = client.get("/readyz")
+            assert not_ready.status_code == 503 and not_ready.json()["type"].endswith(":unavailable")
+            assert client.get("/healthz").status_code == 200
+    finally:
+        server.stop()
+        if redis.poll() is None:
+            redis.kill()
