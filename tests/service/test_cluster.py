@@ -52,6 +52,7 @@ def test_two_processes_on_a_cluster_serve_episodes_groups_forks_and_retries_thro
 ) -> None:
     first, second = replicas
     with first.client() as a, second.client() as b:
+        assert a.get("/readyz").status_code == b.get("/readyz").status_code == 200
         sid, steps = episode(a, b)
 
         # a group's sessions land on different slots and still all exist, each with the initial state
@@ -94,6 +95,7 @@ def test_two_processes_on_a_cluster_serve_episodes_groups_forks_and_retries_thro
         for client in (a, b):
             for session, seen in acknowledged.items():
                 assert state(client, session) == seen, session
+        assert a.get("/readyz").status_code == b.get("/readyz").status_code == 200
         # and new work goes on: a call on the failed-over slot, and a whole new episode
         assert call(b, forks[0], "increment", {"by": 1})["step"] == acknowledged[forks[0]]["step"] + 1
         episode(b, a)
