@@ -39,3 +39,11 @@ RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq 
 USER redis
 EXPOSE 6379
 CMD ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]
+
+FROM ${BASE_IMAGE} AS proxy
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy \
+    && rm -rf /var/lib/apt/lists/*
+COPY deploy/compose/haproxy.cfg /etc/haproxy/haproxy.cfg
+USER haproxy
+EXPOSE 8000
+CMD ["haproxy", "-W", "-db", "-f", "/etc/haproxy/haproxy.cfg"]

@@ -45,10 +45,11 @@ def load_catalog(settings: Settings) -> Catalog:
 
 
 def make_store(settings: Settings) -> SessionStore:
-    if settings.redis_url:
+    if settings.redis_url or settings.redis_cluster_nodes:
         from service.redis_store import RedisStore
 
-        return RedisStore(settings.redis_url, ttl=settings.session_ttl, prefix=settings.key_prefix)
+        return RedisStore(settings.redis_url, ttl=settings.session_ttl, prefix=settings.key_prefix,
+                          cluster_nodes=settings.redis_cluster_nodes)
     from service.memory_store import MemoryStore
 
     return MemoryStore(ttl=settings.session_ttl)

@@ -10,8 +10,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -132,14 +136,60 @@ def _translated(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutin
     return wrapper
 
 
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def cluster_nodes(text: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` as pairs; a bad entry is named in the error."""
+    nodes = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"redis cluster node {entry!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ValueError("redis cluster nodes: none given")
+    return nodes
+
+
+def _connect(url: str | None, nodes: str | None) -> aioredis.Redis | RedisCluster:
+    """A plain client, or a cluster client when the URL scheme ends in ``+cluster`` or entry nodes are given.
+
+    In cluster mode the URL still carries the credentials and TLS (``rediss+cluster://user:pass@host:port``);
+    a database number other than 0 is refused, because a Redis Cluster has only database 0."""
+    common: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5}
+    scheme = urlsplit(url).scheme if url else ""
+    if not nodes and scheme not in CLUSTER_SCHEMES:
+        assert url is not None
+        return aioredis.Redis.from_url(url, health_check_interval=30, socket_timeout=COMMAND_TIMEOUT, **common)
+    parts = urlsplit(url) if url else None
+    if parts is not None and parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"redis cluster: database {parts.path.strip('/')} requested, a cluster has only database 0")
+    entry = cluster_nodes(nodes) if nodes else [(parts.hostname or "127.0.0.1", parts.port or 6379)] if parts else []
+    if parts is not None:
+        if parts.username:
+            common["username"] = unquote(parts.username)
+        if parts.password:
+            common["password"] = unquote(parts.password)
+        if scheme in ("rediss", "rediss+cluster"):
+            common["ssl"] = True
+    # Retries ride over a failover (about 10 s of backoff): the client refreshes the slot map when a master
+    # stops answering and a replica takes its slots.
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in entry],
+                        retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), 10), **common)
+
+
 class RedisStore:
-    def __init__(self, url: str, ttl: float = 3600.0, prefix: str = "ef") -> None:
+    def __init__(self, url: str | None, ttl: float = 3600.0, prefix: str = "ef", *,
+                 cluster_nodes: str | None = None) -> None:
         self.ttl = ttl
         self.keys = Keys(prefix)
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5,
-            socket_timeout=COMMAND_TIMEOUT,
-        )
+        self.client: Any = _connect(url, cluster_nodes)
+        # A cluster keeps each session on one slot (its hash tag), but a group or a tenant's count lives
+        # on other slots: those updates are made one slot at a time (see create_group and commit).
+        self.cluster = isinstance(self.client, RedisCluster)
         self.reconnect = Reconnect()
         # Call locks whose release failed because Redis was down: released once it is back, so a
         # session is not blocked for a whole lease after an outage (key -> token).
@@ -155,10 +205,12 @@ class RedisStore:
         which point at a server that is gone, so the first request after it returns works."""
         if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
             return StoreError(f"redis: {exc}")
-        try:
-            await self.client.connection_pool.disconnect(inuse_connections=False)
-        except (RedisError, OSError):
-            pass
+        pool = getattr(self.client, "connection_pool", None)  # a cluster client manages its own nodes
+        if pool is not None:
+            try:
+                await pool.disconnect(inuse_connections=False)
+            except (RedisError, OSError):
+                pass
         return self.reconnect.failed(exc)
 
     @property
@@ -170,19 +222,41 @@ class RedisStore:
 
     @_translated
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
-        # One MULTI: every session of the group exists, or none does.
-        async with self.client.pipeline(transaction=True) as pipe:
+        if not self.cluster:
+            # One MULTI: every session of the group exists, or none does.
+            async with self.client.pipeline(transaction=True) as pipe:
+                for meta in metas:
+                    self._write_session(pipe, meta, state, initial, trajectory)
+                await pipe.execute()
+            return
+        # A cluster spreads the group's sessions over slots, so no single MULTI covers them: each session is
+        # written in a MULTI of its own slot, and if any fails the ones written are deleted before the error is
+        # raised. Session ids are fresh, so nobody can have seen a half-made group in between.
+        async def one(meta: SessionMeta) -> None:
+            async with self.client.pipeline(transaction=True) as pipe:
+                self._write_session(pipe, meta, state, initial, trajectory)
+                await pipe.execute()
+
+        outcomes = await asyncio.gather(*(one(meta) for meta in metas), return_exceptions=True)
+        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failure is not None:
             for meta in metas:
-                k = self.keys.session(meta.session_id)
-                pipe.delete(*k.data())  # a create never extends what an old session left
-                pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
-                pipe.set(k.state, state)
-                pipe.set(k.initial, initial)
-                if trajectory:
-                    pipe.rpush(k.trajectory, *trajectory)
-                for key in k.data():
-                    pipe.pexpire(key, self._ttl_ms)
-            await pipe.execute()
+                try:
+                    await self.client.delete(*self.keys.session(meta.session_id).data())
+                except RedisError:
+                    pass  # unreachable now: the keys expire with the session TTL
+            raise failure
+
+    def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
+        k = self.keys.session(meta.session_id)
+        pipe.delete(*k.data())  # a create never extends what an old session left
+        pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
+        pipe.set(k.state, state)
+        pipe.set(k.initial, initial)
+        if trajectory:
+            pipe.rpush(k.trajectory, *trajectory)
+        for key in k.data():
+            pipe.pexpire(key, self._ttl_ms)
 
     @_translated
     async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
@@ -217,8 +291,16 @@ class RedisStore:
         keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency]
         if tenant is None:
             return int(await self._commit(keys=keys, args=args)) == 1
-        # One round trip: the commit and the refresh of the tenant's live count (another slot in a cluster).
         expires = int((time.time() + self.ttl) * 1000)
+        if self.cluster:
+            # The tenant's count is on another slot: refresh it after the commit, in a second round trip.
+            committed = int(await self._commit(keys=keys, args=args)) == 1
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
+                pipe.pexpireat(self.keys.live_sessions(tenant), expires)
+                await pipe.execute()
+            return committed
+        # One round trip: the commit and the refresh of the tenant's live count.
         async with self.client.pipeline(transaction=False) as pipe:
             await self._commit(keys=keys, args=args, client=pipe)
             pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)

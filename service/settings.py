@@ -22,6 +22,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("ENVFOUNDRY_REDIS_URL", "REDIS_URL", "redis_url"),
         description="Redis URL for sessions; unset means the in-process memory store.",
     )
+    redis_cluster_nodes: str | None = Field(
+        default=None,
+        description="Redis Cluster entry nodes 'host:port,host:port'; credentials and TLS still come from "
+        "redis_url (rediss://user:pass@...). A redis+cluster:// or rediss+cluster:// URL alone also selects cluster mode.",
+    )
     key_prefix: str = Field(default="ef", description="Namespace for every Redis key.")
     log_format: Literal["json", "text"] = Field(default="json", description="One JSON object per log line, or text.")
     host: str = "127.0.0.1"

@@ -25,6 +25,8 @@ from tests.conftest import (
     images_older_than_sources,
 )
 
+PROXY_IMAGE = os.environ.get("ENVFOUNDRY_PROXY_IMAGE", "envfoundry/proxy:dev")
+
 
 def _two_free_ports() -> int:
     import socket
@@ -59,15 +61,16 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         if os.environ.get("ENVFOUNDRY_REQUIRE_DOCKER") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    if images_older_than_sources(docker_client, (SERVICE_IMAGE, SANDBOX_IMAGE, REDIS_IMAGE)):
+    if images_older_than_sources(docker_client, (SERVICE_IMAGE, SANDBOX_IMAGE, REDIS_IMAGE, PROXY_IMAGE)):
         failure = build_images()
         assert failure is None, failure
     project = f"eftest{secrets.token_hex(4)}"
     port = _two_free_ports()
+    proxy_port = free_port()
     key, line = new_key("compose", ["run"])
     env = {**os.environ, "ENVFOUNDRY_SERVICE_IMAGE": SERVICE_IMAGE, "ENVFOUNDRY_SANDBOX_IMAGE": SANDBOX_IMAGE,
            "ENVFOUNDRY_REDIS_IMAGE": REDIS_IMAGE, "ENVFOUNDRY_PORTS": f"{port}-{port + 1}", "ENVFOUNDRY_WORKERS": "2",
-           "ENVFOUNDRY_API_KEYS": line}
+           "ENVFOUNDRY_API_KEYS": line, "ENVFOUNDRY_PROXY_IMAGE": PROXY_IMAGE, "ENVFOUNDRY_PORT": str(proxy_port)}
     command = [compose, "-p", project, "-f", str(ROOT / "docker-compose.yml")]
     up = subprocess.run([*command, "up", "-d", "--no-build", "--scale", "api=2"], env=env, capture_output=True,
                         text=True, timeout=300)
@@ -76,7 +79,8 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         assert up.returncode == 0, up.stderr
         urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
         deadline = time.monotonic() + 120
-        for url in urls:
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        for url in [*urls, proxy]:
             _wait_healthy(url, deadline)
         apis = docker_client.containers.list(filters={"label": [f"com.docker.compose.project={project}",
                                                                 "com.docker.compose.service=api"]})
@@ -85,7 +89,7 @@ def stack(docker_client: Any) -> Iterator[dict[str, Any]]:
         for container in apis:
             published = container.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"]
             by_port[int(published)] = f"envfoundry-{container.attrs['Config']['Hostname']}-8000"
-        yield {"urls": urls, "service_of": [by_port[port], by_port[port + 1]], "client": docker_client, "key": key}
+        yield {"urls": urls, "proxy": proxy, "service_of": [by_port[port], by_port[port + 1]], "client": docker_client, "key": key}
     finally:
         down = subprocess.run([*command, "down", "-v", "--timeout", "30"], env=env, capture_output=True, text=True,
                               timeout=300)
@@ -139,3 +143,15 @@ def test_an_episode_survives_a_killed_worker_across_two_replicas(stack: dict[str
             time.sleep(0.5)
         else:
             raise AssertionError("the killed sandbox container was not replaced")
+
+
+def test_one_published_port_serves_every_replica(stack: dict[str, Any]) -> None:
+    """Clients need one address: the proxy spreads requests over ready replicas sharing Redis."""
+    auth = {"Authorization": f"Bearer {stack['key']}"}
+    with httpx.Client(base_url=stack["proxy"], timeout=60, headers=auth) as proxy:
+        assert httpx.get(f"{stack['proxy']}/v1/environments").status_code == 401
+        assert proxy.get("/readyz").status_code == 200
+        sids = [proxy.post("/v1/sessions", json={"scenario_id": "lib-001"}).json()["session_id"] for _ in range(4)]
+        for url in stack["urls"]:  # every replica sees every session made through the proxy
+            with httpx.Client(base_url=url, timeout=60, headers=auth) as replica:
+                assert all(replica.get(f"/v1/sessions/{sid}").status_code == 200 for sid in sids)

@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import free_port, start_server

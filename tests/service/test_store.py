@@ -1,7 +1,8 @@
 """One contract suite for both session stores (``service.store.SessionStore``).
 
 Every test that takes ``store`` or ``make_store`` runs against the in-process
-``MemoryStore`` and against ``RedisStore`` on a real Redis. Tests named
+``MemoryStore``, against ``RedisStore`` on a real Redis, and against ``RedisStore``
+on a real three-master Redis Cluster (``tests/redis_cluster.py``). Tests named
 ``test_redis_*`` cover what only the Redis store has (leases, key layout, real
 TTLs, several replicas, an unreachable server).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -32,9 +34,10 @@ DEAD_URL = "redis://127.0.0.1:1/0"
 class StoreFactory:
     """``make(ttl=...)`` builds a store of one kind; every store made is closed at teardown."""
 
-    def __init__(self, kind: str, url: str | None, prefix: str | None) -> None:
+    def __init__(self, kind: str, url: str | None, prefix: str | None, nodes: str | None = None) -> None:
         self.kind = kind
         self.url = url
+        self.nodes = nodes
         self.prefix = prefix
         self.made: list[SessionStore] = []
 
@@ -43,16 +46,21 @@ class StoreFactory:
         if self.kind == "memory":
             store = MemoryStore(ttl=ttl)
         else:
-            assert self.url is not None and self.prefix is not None
-            store = RedisStore(self.url, ttl=ttl, prefix=self.prefix)
+            assert (self.url or self.nodes) and self.prefix is not None
+            store = RedisStore(self.url, ttl=ttl, prefix=self.prefix, cluster_nodes=self.nodes)
         self.made.append(store)
         return store
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("cluster", marks=pytest.mark.redis)])
 async def make_store(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[StoreFactory]:
     if request.param == "redis":
         factory = StoreFactory("redis", request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix"))
+    elif request.param == "cluster":
+        # a fresh prefix per test; the cluster is the test session's own and is killed at its end
+        cluster = request.getfixturevalue("redis_cluster")
+        factory = StoreFactory("cluster", None, f"eftest-{secrets.token_hex(4)}", nodes=cluster.nodes)
     else:
         factory = StoreFactory("memory", None, None)
     yield factory
