@@ -21,6 +21,20 @@ CONSOLE_TESTS = HERE / "console"
 GRAPHS = HERE / "fixtures" / "graphs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 KEY, KEY_LINE = new_key("console-tests", ["run"])
+HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+def add_hostile_scenario(server: Server) -> str:
+    """A scenario whose task, checklist item and state hold markup, as synthesized data might."""
+    scenario = lib_001()
+    init = json.loads(json.dumps(scenario["init_config"]))
+    init["books"]["B001"]["title"] = HOSTILE
+    checklist = [{"item": HOSTILE, "check": scenario["checklist"][0]["check"]}]  # type: ignore[index]
+    with server.client() as http:
+        response = http.post("/v1/scenarios", json={"env_id": scenario["env_id"], "scenario_id": "console-hostile",
+                                                    "task": HOSTILE, "init_config": init, "checklist": checklist})
+    assert response.status_code == 201, response.text
+    return "console-hostile"
 
 
 def lib_001() -> dict[str, object]:
@@ -50,7 +64,8 @@ def synth_folder(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     tmp = tmp_path_factory.mktemp("console")
-    open_server = start_server(tmp, catalogs=(BUNDLED, FIXTURES, GRAPHS))
+    # The graph fixture first: its fs-001 (with parent pointers) takes the id over the bundled one.
+    open_server = start_server(tmp, catalogs=(GRAPHS, BUNDLED, FIXTURES))
     try:
         keyed = start_server(tmp, extra_env={"ENVFOUNDRY_API_KEYS": KEY_LINE}, workers=1)
     except Exception:
@@ -74,6 +89,7 @@ def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: 
     env = {**os.environ, "CONSOLE_URL": open_server.url, "CONSOLE_KEYED_URL": keyed.url, "CONSOLE_KEY": KEY,
            "CONSOLE_SHOTS": str(shots), "CONSOLE_SCENARIO": json.dumps(lib_001()), "CHROMIUM": CHROMIUM,
            "CONSOLE_ROLLOUT": str(HERE / "client" / "expected" / "rollout-task-native.jsonl"),
+           "CONSOLE_HOSTILE_SCENARIO": add_hostile_scenario(open_server), "CONSOLE_HOSTILE_TEXT": HOSTILE,
            "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input"))}
     result = subprocess.run([str(node), str(CONSOLE_TESTS / "console.test.mjs")], cwd=CONSOLE_TESTS, env=env,
                             capture_output=True, text=True, timeout=300)

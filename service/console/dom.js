@@ -32,7 +32,7 @@ export function json(value) {
 }
 
 // A collapsible tree of a JSON value. Objects of the form {"$ref": "/a/b"} are links to the node at that path.
-export function tree(value, path = "", idPrefix = "node") {
+export function tree(value, path = "", idPrefix = "node", key = null) {
   const id = `${idPrefix}${path.replaceAll(/[^A-Za-z0-9_-]/g, (c) => `_${c.charCodeAt(0)}`)}`;
   if (value && typeof value === "object" && !Array.isArray(value) && typeof value.$ref === "string"
       && Object.keys(value).length === 1) {
@@ -53,10 +53,14 @@ export function tree(value, path = "", idPrefix = "node") {
   }
   const entries = Array.isArray(value) ? value.map((v, i) => [String(i), v]) : Object.entries(value);
   const label = Array.isArray(value) ? `[${entries.length}]` : `{${entries.length}}`;
+  const child = ([k, v]) => {
+    const sub = `${path}/${k.replaceAll("~", "~0").replaceAll("/", "~1")}`;
+    const node = tree(v, sub, idPrefix, k);
+    return h("li", {}, node.tagName === "DETAILS" ? node : [h("span", { class: "key" }, k), ": ", node]);
+  };
   return h("details", { open: path.split("/").length < 3, id, tabindex: -1 },
-    h("summary", {}, label),
-    h("ul", { class: "tree" }, entries.map(([k, v]) => h("li", {}, h("span", { class: "key" }, k), ": ",
-      tree(v, `${path}/${k.replaceAll("~", "~0").replaceAll("/", "~1")}`, idPrefix)))));
+    h("summary", {}, key === null ? "" : [h("span", { class: "key" }, key), ": "], label),
+    h("ul", { class: "tree" }, entries.map(child)));
 }
 
 export function status(text) {

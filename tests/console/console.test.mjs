@@ -17,6 +17,8 @@ const SHOTS = env("CONSOLE_SHOTS");
 const SCENARIO = JSON.parse(env("CONSOLE_SCENARIO"));
 const ROLLOUT = env("CONSOLE_ROLLOUT");
 const SYNTH = env("CONSOLE_SYNTH");
+const HOSTILE = env("CONSOLE_HOSTILE_SCENARIO");
+const HOSTILE_TEXT = env("CONSOLE_HOSTILE_TEXT");
 
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ["--no-sandbox"] });
 const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
@@ -130,6 +132,23 @@ try {
   await page.getByRole("img", { name: /Verdicts per environment/ }).waitFor();
   await shot("08-synthesis");
   ok("a synth output folder shows per-stage counts and assessment verdicts per environment as charts");
+
+  // Shared references in the state are links that jump to the referenced node.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/fs-001`);
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const ref = page.locator(".state a.ref:visible", { hasText: "→ /root" }).first();
+  await ref.click();
+  assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
+  ok("a {\"$ref\": \"/root\"} in the state is a link that moves focus to the /root node");
+
+  // Environment data is untrusted: markup in a scenario is shown as text, never parsed.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/${HOSTILE}`);
+  await page.getByRole("heading", { name: "Checklist" }).waitFor();
+  await page.getByText(HOSTILE_TEXT).first().waitFor();
+  assert.equal(await page.locator("main img, main script").count(), 0);
+  assert.equal(await page.evaluate(() => window.__pwned ?? null), null);
+  ok("markup in a scenario's task, checklist and state is shown as text");
 
   // Keyed server: the console asks for a key, a wrong one asks again, the right one opens the catalog.
   const keyed = await browser.newPage();
