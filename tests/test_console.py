@@ -76,6 +76,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     open_server.stop()
 
 
+def test_serve_prints_the_console_url(servers: tuple[Server, Server]) -> None:
+    """The start-up output of `envfoundry serve` names the URL to open."""
+    open_server, _ = servers
+    assert f"console: {open_server.url}/ui/" in open_server.log.read_text()
+
+
 def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: pytest.TempPathFactory) -> None:
     """A user solves lib-001 by hand in the console and the score reaches 1.0; reports and the key prompt work."""
     node = shutil.which("node")
