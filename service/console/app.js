@@ -17,7 +17,6 @@ const routes = [
 async function render() {
   const main = document.getElementById("main");
   const hash = location.hash;
-  if (hash.startsWith("#node") || hash.startsWith("#state") || hash.startsWith("#init")) return; // in-page links
   main.replaceChildren(h("p", { class: "muted" }, "Loading…"));
   main.setAttribute("aria-busy", "true");
   const view = document.createElement("div");

@@ -142,6 +142,27 @@ try {
   assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
   ok("a {\"$ref\": \"/root\"} in the state is a link that moves focus to the /root node");
 
+  // Arguments are typed by the tool's JSON Schema: an integer field refuses text and fractions, and sends a number.
+  await page.goto(`${URL_OPEN}/ui/#/env/bank_ledger`);
+  await page.locator("section:has(#scen-h) h4 a").first().click();
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const listing = page.locator('form[data-tool="list_transactions"]');
+  await listing.getByLabel(/^account_id\b/).fill("A-none");
+  for (const bad of ["abc", "2.5"]) {
+    await listing.getByLabel(/^limit\b/).fill(bad);
+    await listing.getByRole("button").click();
+    await listing.getByRole("alert").filter({ hasText: "limit: expected an integer" }).waitFor();
+    assert.equal(await listing.getByLabel(/^limit\b/).getAttribute("aria-invalid"), "true");
+  }
+  assert.equal(await page.locator(".timeline > li").count(), 0);
+  await listing.getByLabel(/^limit\b/).fill("3");
+  await listing.getByRole("button").click();
+  await page.locator(".timeline > li").first().waitFor();
+  await page.locator(".timeline > li details").first().click();
+  assert.ok((await page.locator(".timeline > li pre").first().textContent()).includes('"limit": 3'));
+  ok("an integer argument refuses 'abc' and '2.5' on the form and is sent as a JSON number");
+
   // Environment data is untrusted: markup in a scenario is shown as text, never parsed.
   await page.goto(`${URL_OPEN}/ui/#/scenario/${HOSTILE}`);
   await page.getByRole("heading", { name: "Checklist" }).waitFor();
