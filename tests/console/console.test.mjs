@@ -39,6 +39,7 @@ try {
   assert.ok(page.url().endsWith("/ui/"), `redirected to ${page.url()}`);
   await page.getByRole("link", { name: SCENARIO.env_id, exact: true }).click();
   await page.getByRole("heading", { name: "Rules" }).waitFor();
+  assert.ok(await page.locator("section:has(#rules-h) li").count() > 1, "one list item per rule");
   const toolsHeading = await page.getByRole("heading", { name: /^Tools \(\d+\)$/ }).textContent();
   assert.ok(Number(toolsHeading.match(/\d+/)[0]) > 0);
   assert.ok(await page.locator("table.schema").count() > 0, "tool schemas rendered as tables");
