@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 
 from service.auth import new_key
+from service.user_llm import STOP
 from tests.conftest import BUNDLED, FIXTURES, Server, start_server
+from tests.service.chat_server import ChatServer
 
 HERE = Path(__file__).resolve().parent
 CONSOLE_TESTS = HERE / "console"
 GRAPHS = HERE / "fixtures" / "graphs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 KEY, KEY_LINE = new_key("console-tests", ["run"])
+USER_LINES = ["Hi, I'm returning Kindred today.", "Loan L0003, thanks."]
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
 
@@ -64,16 +67,18 @@ def synth_folder(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     tmp = tmp_path_factory.mktemp("console")
-    # The graph fixture first: its fs-001 (with parent pointers) takes the id over the bundled one.
-    open_server = start_server(tmp, catalogs=(GRAPHS, BUNDLED, FIXTURES))
-    try:
-        keyed = start_server(tmp, extra_env={"ENVFOUNDRY_API_KEYS": KEY_LINE}, workers=1)
-    except Exception:
+    with ChatServer([USER_LINES[0], f"{USER_LINES[1]}\n{STOP}"]) as chat:
+        # The graph fixture first: its fs-001 (with parent pointers) takes the id over the bundled one.
+        open_server = start_server(tmp, catalogs=(GRAPHS, BUNDLED, FIXTURES), extra_env={
+            "ENVFOUNDRY_USER_LLM_BASE_URL": chat.url, "ENVFOUNDRY_USER_LLM_MODEL": "user-sim"})
+        try:
+            keyed = start_server(tmp, extra_env={"ENVFOUNDRY_API_KEYS": KEY_LINE}, workers=1)
+        except Exception:
+            open_server.stop()
+            raise
+        yield open_server, keyed
+        keyed.stop()
         open_server.stop()
-        raise
-    yield open_server, keyed
-    keyed.stop()
-    open_server.stop()
 
 
 def test_serve_prints_the_console_url(servers: tuple[Server, Server]) -> None:
@@ -96,6 +101,7 @@ def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: 
            "CONSOLE_SHOTS": str(shots), "CONSOLE_SCENARIO": json.dumps(lib_001()), "CHROMIUM": CHROMIUM,
            "CONSOLE_ROLLOUT": str(HERE / "client" / "expected" / "rollout-task-native.jsonl"),
            "CONSOLE_HOSTILE_SCENARIO": add_hostile_scenario(open_server), "CONSOLE_HOSTILE_TEXT": HOSTILE,
+           "CONSOLE_USER_LINES": json.dumps(USER_LINES),
            "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input"))}
     result = subprocess.run([str(node), str(CONSOLE_TESTS / "console.test.mjs")], cwd=CONSOLE_TESTS, env=env,
                             capture_output=True, text=True, timeout=300)

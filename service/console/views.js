@@ -4,6 +4,7 @@ import { errorBox, h, json, status, tree } from "./dom.js";
 import { fn, toolCard, toolForm } from "./schema.js";
 
 const enc = encodeURIComponent;
+const OPENING = "envfoundry.opening.";
 
 export async function catalogView(main) {
   const { environments } = await get("/v1/environments");
@@ -34,6 +35,8 @@ async function startSession(scenarioId, mode, out) {
   out.replaceChildren();
   try {
     const created = await post("/v1/sessions", { scenario_id: scenarioId, n: 1, mode });
+    // The simulated user's opening line comes only with the creation response: keep it for the session view.
+    if (created.user_message) sessionStorage.setItem(`${OPENING}${created.session_id}`, created.user_message);
     location.hash = `#/session/${enc(created.session_id)}`;
   } catch (e) { out.append(errorBox(e)); }
 }
@@ -104,7 +107,13 @@ export async function sessionView(main, sessionId) {
     stateBox.replaceChildren(tree(view.state, "", "state"));
     for (;;) {
       const page = await get(`${base}/trajectory?offset=${shown}&limit=50`);
-      for (const step of page.steps) timeline.append(stepView(step));
+      for (const step of page.steps) {
+        timeline.append(stepView(step));
+        if (step.kind === "message") {
+          chat.append(h("li", { class: "msg assistant" }, h("strong", {}, "You: "), step.content),
+            h("li", { class: "msg user" }, h("strong", {}, "User: "), step.reply));
+        }
+      }
       shown += page.steps.length;
       if (!page.steps.length || shown >= page.total) break;
     }
@@ -118,9 +127,12 @@ export async function sessionView(main, sessionId) {
   };
 
   const conversation = h("div");
+  const chat = h("ol", { class: "messages", "aria-label": "conversation" });
   if (info.mode === "conversation") {
+    const opening = sessionStorage.getItem(`${OPENING}${sessionId}`);
+    if (opening) chat.append(h("li", { class: "msg user" }, h("strong", {}, "User: "), opening));
     const input = h("textarea", { id: "message", rows: 3 });
-    conversation.append(h("form", { onsubmit: async (e) => {
+    conversation.append(chat, h("form", { onsubmit: async (e) => {
       e.preventDefault();
       try { await post(`${base}/messages`, { content: input.value }); input.value = ""; await refresh(); }
       catch (err) { conversation.append(errorBox(err)); }
@@ -145,7 +157,8 @@ export async function sessionView(main, sessionId) {
     actions,
     h("div", { class: "session-grid" },
       h("section", { "aria-labelledby": "task-h", class: "panel" }, h("h3", { id: "task-h" }, info.mode === "conversation" ? "Conversation" : "Task"),
-        h("p", { class: "prose" }, scenario?.task ?? ""), conversation),
+        // In conversation mode the task is the simulated user's hidden goal: the person playing sees the chat only.
+        info.mode === "conversation" ? "" : h("p", { class: "prose" }, scenario?.task ?? ""), conversation),
       h("section", { "aria-labelledby": "score-h", class: "panel" }, h("h3", { id: "score-h" }, "Score"), scoreBox),
       h("section", { "aria-labelledby": "tools-h", class: "panel" }, h("h3", { id: "tools-h" }, "Tools"),
         tools.map((t) => toolForm(t, call))),

@@ -18,6 +18,7 @@ const SCENARIO = JSON.parse(env("CONSOLE_SCENARIO"));
 const ROLLOUT = env("CONSOLE_ROLLOUT");
 const SYNTH = env("CONSOLE_SYNTH");
 const HOSTILE = env("CONSOLE_HOSTILE_SCENARIO");
+const USER_LINES = JSON.parse(env("CONSOLE_USER_LINES"));
 const HOSTILE_TEXT = env("CONSOLE_HOSTILE_TEXT");
 
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ["--no-sandbox"] });
@@ -142,6 +143,21 @@ try {
   await ref.click();
   assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
   ok("a {\"$ref\": \"/root\"} in the state is a link that moves focus to the /root node");
+
+  // Conversation mode: the simulated user's opening line, then each exchange, in the panel and the timeline.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/${SCENARIO.scenario_id}`);
+  await page.getByLabel("Mode").selectOption("conversation");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const chat = page.getByRole("list", { name: "conversation" });
+  await chat.getByText(USER_LINES[0]).waitFor();
+  assert.equal(await page.getByText(SCENARIO.task).count(), 0, "the hidden goal is not shown");
+  await page.getByLabel("Message to the user").fill("Which loan would you like to return?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await chat.getByText(USER_LINES[1]).waitFor();
+  await page.locator(".timeline > li.message").first().waitFor();
+  await shot("10-conversation");
+  ok("a conversation session shows the simulated user's opening line and each reply");
 
   // Arguments are typed by the tool's JSON Schema: an integer field refuses text and fractions, and sends a number.
   await page.goto(`${URL_OPEN}/ui/#/env/bank_ledger`);
