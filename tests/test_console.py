@@ -87,6 +87,16 @@ def test_serve_prints_the_console_url(servers: tuple[Server, Server]) -> None:
     assert f"console: {open_server.url}/ui/" in open_server.log.read_text()
 
 
+def test_console_pages_forbid_inline_and_foreign_scripts(servers: tuple[Server, Server]) -> None:
+    """The console is served with a content security policy, so markup in environment data cannot run."""
+    open_server, _ = servers
+    with open_server.client() as http:
+        page = http.get("/ui/")
+    assert page.status_code == 200 and "<main" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
+
+
 def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: pytest.TempPathFactory) -> None:
     """A user solves lib-001 by hand in the console and the score reaches 1.0; reports and the key prompt work."""
     node = shutil.which("node")

@@ -26,6 +26,7 @@ const context = await browser.newContext({ viewport: { width: 1280, height: 900 
 const page = await context.newPage();
 const problems = [];
 page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+page.on("console", (m) => { if (m.type() === "error" && !/401|Unauthorized/.test(m.text())) problems.push(`console: ${m.text()} ${m.location().url}`); });
 page.setDefaultTimeout(15000);
 const shot = async (name, p = page) => {
   const path = join(SHOTS, `${name}.png`);
