@@ -23,7 +23,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.api_latency import free_port, pct, timed, wait_ready  # noqa: E402
+from bench.servers import free_port, pct, timed, wait_ready  # noqa: E402
 from sandbox.pool import Limits, WorkerPool  # noqa: E402
 
 

@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import channel, codec, seccomp
+from sandbox import channel, codec, seccomp, view
 from sandbox.contain import die_with_parent
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
@@ -242,7 +242,7 @@ class EnvHost:
                 raise Failure(RESOURCE_LIMIT, "the tool ran out of memory") from None
             except BaseException as exc:
                 raise Failure(TOOL_EXCEPTION, describe(exc)) from None
-            result_view = codec.view(result)
+            result_view = view.view(result)
             result_text = json.dumps(result_view, ensure_ascii=False)
             if len(result_text.encode()) > max_result:
                 raise Failure(
@@ -250,8 +250,8 @@ class EnvHost:
                 )
             after_text = _encode(public_state(instance), module.__name__, max_state)
             if after_text == before_text:
-                return {"ok": True, "result": result_view, "error": None, "state": None, "diff": codec.diff({}, {})}
-            change = codec.diff(codec.view_encoded(before), codec.view_encoded(json.loads(after_text)))
+                return {"ok": True, "result": result_view, "error": None, "state": None, "diff": view.diff({}, {})}
+            change = view.diff(view.view_encoded(before), view.view_encoded(json.loads(after_text)))
             return {"ok": True, "result": result_view, "error": None, "state": after_text, "diff": change}
 
         return run

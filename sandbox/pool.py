@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import codec, protocol
+from sandbox import protocol, view
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
@@ -341,7 +341,7 @@ def _state_problem(text: str, limit: int) -> str | None:
         return "a state that is not a JSON object"
     try:
         # The view recurses as deep as the state nests: too deep for it here is too deep later.
-        codec.view_encoded(state)
+        view.view_encoded(state, strict=True)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
         return "a state the codec cannot read"
     return None

@@ -52,11 +52,11 @@ IdempotencyKey = Header(default=None, alias=idempotency.HEADER, pattern=idempote
 router = APIRouter(responses=PROBLEMS)
 
 
-def sessions(request: Request) -> Sessions:
+async def sessions(request: Request) -> Sessions:
     return request.app.state.sessions  # type: ignore[no-any-return]
 
 
-def registry(request: Request) -> Registry:
+async def registry(request: Request) -> Registry:
     return request.app.state.registry  # type: ignore[no-any-return]
 
 

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import problems, ui
+from service import mcp, problems, ui
 from service.analysis import Analysis
 from service.api import router
 from service.auth import KeyRing
@@ -103,7 +103,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)
         try:
-            yield
+            async with mcp.serving(app, settings.max_body_bytes):
+                yield
         finally:
             app.state.sessions.offload.close()
             await pool.close()
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                                          "it has been logged", request.url.path)
 
     app.include_router(router)
+    mcp.mount(app)
     ui.mount(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
     app.add_middleware(RequestLog, metrics=metrics)  # outermost: refused bodies are counted and logged too

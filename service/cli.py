@@ -69,6 +69,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             await pool.close()
         for note in report.notes:
             print(f"NOTE {note}")
+        for line in provenance_lines([Path(p) for p in args.dirs]):
+            print(line)
         for problem in report.problems:
             print(f"PROBLEM {problem}")
         print(f"{report.environments} environments, {report.scenarios} scenarios, {len(report.problems)} problems")
@@ -76,6 +78,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     return asyncio.run(run())
+
+
+def provenance_lines(folders: list[Path]) -> list[str]:
+    """What synthesis recorded about each package: its assessment and its scenarios' validation history."""
+    import json
+
+    lines: list[str] = []
+    for root in folders:
+        manifests = [root / "env.json"] if (root / "env.json").is_file() else sorted(root.glob("*/env.json"))
+        for manifest_path in manifests:
+            try:
+                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # the validation itself reports unreadable packages
+            assessment = (manifest.get("provenance") or {}).get("assessment")
+            if isinstance(assessment, dict):
+                lines.append(f"PROVENANCE {manifest.get('env_id')}: {assessment.get('rounds')} rounds, verdicts "
+                             f"{assessment.get('counts')} (before repair {assessment.get('first_counts')}), "
+                             f"repaired {assessment.get('repaired', [])}, removed {assessment.get('removed', [])}")
+            scenarios = manifest_path.with_name("scenarios.jsonl")
+            for raw in scenarios.read_text(encoding="utf-8").splitlines() if scenarios.is_file() else []:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                history = record.get("provenance") if isinstance(record, dict) else None
+                if isinstance(history, dict) and history.get("validations", 1) > 1:
+                    diagnoses = [h["diagnosis"].get("diagnosis") for h in history.get("history", [])
+                                 if isinstance(h.get("diagnosis"), dict)]
+                    lines.append(f"PROVENANCE {record.get('scenario_id')}: {history['validations']} validations over "
+                                 f"{history.get('drafts', 1)} drafts, diagnoses {diagnoses}")
+    return lines
 
 
 def _loopback(host: str) -> bool:

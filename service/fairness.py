@@ -16,6 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
+class NoSlot(Exception):
+    """No slot came free in time."""
+
+
 class FairGate:
     def __init__(self, capacity: int, share: float = 1.0) -> None:
         self.capacity = capacity
@@ -28,8 +32,16 @@ class FairGate:
         return sum(self.held.values())
 
     @asynccontextmanager
-    async def slot(self, tenant: str) -> AsyncIterator[None]:
-        await self._acquire(tenant)
+    async def slot(self, tenant: str, timeout: float | None = None) -> AsyncIterator[None]:
+        """Hold one slot for ``tenant``.
+
+        Raises:
+            NoSlot: no slot came free within ``timeout`` seconds.
+        """
+        try:
+            await asyncio.wait_for(self._acquire(tenant), timeout)
+        except TimeoutError:
+            raise NoSlot(f"no slot came free within {timeout:g} s") from None
         try:
             yield
         finally:

@@ -15,7 +15,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from sandbox import codec
+from sandbox import view
 
 INLINE_BYTES = 64 * 1024
 
@@ -27,7 +27,7 @@ class ViewError(Exception):
 def state_view_json(encoded: str) -> str:
     """The client's JSON view of an encoded state, as JSON text. Runs in a pool process or inline."""
     try:
-        return json.dumps(codec.view_encoded(json.loads(encoded)), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(view.view_encoded(json.loads(encoded)), ensure_ascii=False, separators=(",", ":"))
     except RecursionError as exc:
         raise ViewError("the state is nested too deeply to show as JSON") from exc
 

@@ -19,7 +19,7 @@ from sandbox.pool import CallOutcome, WorkerPool
 from service import idempotency
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
-from service.fairness import FairGate
+from service.fairness import FairGate, NoSlot
 from service.observability import Metrics
 from service.offload import Offload, ViewError
 from service.problems import (
@@ -265,9 +265,13 @@ class Sessions:
     async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
         """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``)."""
         started = time.perf_counter()
-        async with self.gate.slot(tenant):
-            self.metrics.sandbox_wait.observe(time.perf_counter() - started)
-            yield
+        wait = self.pool.acquire_timeout
+        try:
+            async with self.gate.slot(tenant, wait):
+                self.metrics.sandbox_wait.observe(time.perf_counter() - started)
+                yield
+        except NoSlot:
+            raise SandboxBusy(f"no sandbox worker became free within {wait:g} s") from None
 
     @property
     def user_timeout(self) -> float:

@@ -172,16 +172,13 @@ class InitState:
     init_config: dict[str, Any]
 
 
-def parse_init_states(answer: str, count: int) -> list[InitState]:
+def parse_init_state(answer: str) -> InitState:
+    """One state per answer: a long list of states in one answer is what runs past a real model's length limit."""
     data = p.obj(p.json_answer(answer), "the answer")
-    states = []
-    for i, raw in enumerate(p.array(data, "states", "answer", min_items=count, max_items=count)):
-        entry = p.obj(raw, f"states[{i}]")
-        config = p.obj(entry.get("init_config"), f"states[{i}].init_config")
-        if not config:
-            raise ParseError(f"states[{i}].init_config is empty; fill the containers with records")
-        states.append(InitState(p.text(entry, "description", f"states[{i}]"), config))
-    return states
+    config = p.obj(data.get("init_config"), "answer.init_config")
+    if not config:
+        raise ParseError("answer.init_config is empty; fill the containers with records")
+    return InitState(p.text(data, "description", "answer"), config)
 
 
 @dataclass(frozen=True)

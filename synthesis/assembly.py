@@ -89,3 +89,23 @@ def _start(node: ast.stmt, lines: list[str]) -> int:
     while start > 1 and lines[start - 2].startswith("#"):  # column 0: not a comment of the block above
         start -= 1
     return start
+
+
+def replace_method(code: str, class_name: str, name: str, method: MethodSource | None) -> str:
+    """``code`` with method ``name`` of ``class_name`` replaced by ``method`` (its helpers replace any of the same
+    name), or removed when ``method`` is None. Imports are merged as in ``assemble``.
+
+    Raises ParseError: ``code`` defines no ``class_name``.
+    """
+    tree = ast.parse(code)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        raise ParseError(f"the code defines no class {class_name}")
+    gone = {name, *(method.functions if method else ())}
+    lines = code.splitlines()
+    cut: set[int] = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in gone:
+            cut.update(range(_start(node, lines) - 1, node.end_lineno or node.lineno))
+    remaining = "\n".join(line for i, line in enumerate(lines) if i not in cut)
+    return assemble(remaining, class_name, [method] if method else []).code

@@ -52,5 +52,8 @@ class ResponseCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def drop(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
     def __len__(self) -> int:
         return sum(1 for _ in self.folder.glob("*/*.json")) if self.folder.is_dir() else 0

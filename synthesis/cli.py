@@ -42,11 +42,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         cmd.set_defaults(run=cmd_synth, stages=STAGES if name == "all" else (name,))
 
 
-def cmd_synth(args: argparse.Namespace) -> int:
-    """0: done and the catalog validates; 1: the catalog has problems; 2: unusable configuration or input.
+EXIT_OK, EXIT_CATALOG, EXIT_INPUT, EXIT_BARREN = 0, 1, 2, 3
 
-    Items that failed (the LLM gave up, the sandbox broke) are listed in the
-    summary and retried by the next run; they do not change the exit code.
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """0: done (and a published catalog validates); 1: the published catalog has problems;
+    2: unusable configuration, or a stage's input is missing (its earlier stage has not run or kept nothing);
+    3: a stage had items and kept none (every one failed or was dropped), so the run stopped there.
+
+    Some items failing while others are kept does not change the exit code:
+    they are listed in the summary and retried by the next run.
     """
     try:
         config = load_config(args.config).with_run(
@@ -60,10 +65,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
         result = asyncio.run(run(config, args.out, tuple(args.stages), api_key=key, use_cache=not args.no_cache))
     except ConfigError as exc:
         print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     print(result.table)
     print(f"summary: {args.out / '_work' / 'summary.json'}")
-    return 0 if result.catalog_ok else 1
+    barren = result.barren
+    if barren is not None:
+        print(f"error: {barren.stage}: none of {barren.items} items was kept; the run stopped there", file=sys.stderr)
+        return EXIT_BARREN
+    return EXIT_OK if result.catalog_ok else EXIT_CATALOG
 
 
 def main(argv: list[str] | None = None) -> int:

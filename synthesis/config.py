@@ -1,4 +1,7 @@
-"""The run configuration: a TOML or JSON file, validated strictly (unknown keys are errors).
+"""The run configuration: a TOML or JSON file, validated strictly.
+
+Unknown keys are errors, and so are values of the wrong type: ``rounds = "16"``
+is refused (naming ``thresholds.rounds``) rather than quietly read as 16.
 
 The API key never goes in the file: ``llm.api_key_env`` names the environment
 variable that holds it, and ``api_key`` is the one place that reads it.
@@ -21,7 +24,7 @@ Role = Literal["generator", "tester", "checker", "embedding"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class LLMConfig(_Strict):
@@ -32,9 +35,21 @@ class LLMConfig(_Strict):
     backoff_initial: float = Field(default=1.0, ge=0)
     backoff_max: float = Field(default=30.0, ge=0)
     max_reasks: int = Field(default=2, ge=0, le=10, description="re-asks after an answer that does not parse")
-    temperature: float = Field(default=0.7, ge=0, le=2)
+    temperature: float = Field(default=0.7, ge=0, le=2, description="of every role [temperatures] does not set")
     max_tokens: int = Field(default=4096, ge=16)
     embedding_model: str | None = Field(default=None, description="null: deduplicate lexically only")
+    label_header: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9-]+$",
+        description="send each request's label (template, env, item, turn) in this HTTP header; never in the prompt",
+    )
+
+
+class Temperatures(_Strict):
+    """Sampling temperature per role; unset roles use ``llm.temperature``. The checker judges: 0 by default."""
+
+    generator: float | None = Field(default=None, ge=0, le=2)
+    tester: float | None = Field(default=None, ge=0, le=2)
+    checker: float | None = Field(default=0.0, ge=0, le=2)
 
 
 class Models(_Strict):
@@ -64,10 +79,23 @@ class Prices(_Strict):
 class Thresholds(_Strict):
     keep_score: int = Field(default=6, ge=1, le=10, description="minimum usefulness and modelability")
     embedding_similarity: float = Field(default=0.92, gt=0, le=1, description="cosine at which themes are duplicates")
-    lexical_similarity: float = Field(default=0.6, gt=0, le=1, description="token Jaccard at which themes are duplicates")
+    lexical_similarity: float = Field(
+        default=0.45, gt=0, le=1, description="character 4-gram cosine of stemmed words at which themes are duplicates"
+    )
     pass_ratio: float = Field(default=0.85, ge=0, le=1, description="(pass + warning) / judged rounds to keep an env")
     rounds: int = Field(default=30, ge=1, le=500, description="assessment rounds per environment")
     min_judged: float = Field(default=0.5, ge=0, le=1, description="share of rounds that must get a verdict")
+
+
+class Repair(_Strict):
+    """Bounds of the repair loops."""
+
+    tool_attempts: int = Field(default=2, ge=0, le=10, description="rewrites of a tool the checker labelled fail")
+    remove_unrepaired: bool = Field(
+        default=True, description="remove a tool still failing after its rewrites (false: drop the environment)"
+    )
+    scenario_attempts: int = Field(default=2, ge=0, le=10, description="repairs of a draft whose validation fails")
+    drafts_per_scenario: int = Field(default=2, ge=1, le=10, description="fresh drafts per scenario before giving up")
 
 
 class RunOptions(_Strict):
@@ -75,14 +103,19 @@ class RunOptions(_Strict):
     sandbox_workers: int = Field(default=4, ge=1, le=64)
     max_envs: int | None = Field(default=None, ge=1, description="environments taken past theme mining")
     scenarios_per_env: int = Field(default=3, ge=1, le=50)
+    states_per_env: int | None = Field(
+        default=None, ge=1, le=50, description="initial states per environment, one per request (default: one per scenario)"
+    )
 
 
 class SynthConfig(_Strict):
-    corpus: Path | None = Field(default=None, description="JSONL of tasks; relative to the config file")
+    corpus: Path | None = Field(default=None, strict=False, description="JSONL of tasks; relative to the config file")
     llm: LLMConfig
     models: Models
+    temperatures: Temperatures = Temperatures()
     prices: Prices = Prices()
     thresholds: Thresholds = Thresholds()
+    repair: Repair = Repair()
     run: RunOptions = RunOptions()
 
     def model_for(self, role: Role) -> str:
@@ -90,6 +123,13 @@ class SynthConfig(_Strict):
             return self.llm.embedding_model or ""
         model: str = getattr(self.models, role)
         return model
+
+    def temperature_for(self, role: Role) -> float:
+        chosen: float | None = getattr(self.temperatures, role, None)
+        return self.llm.temperature if chosen is None else chosen
+
+    def states_per_env(self) -> int:
+        return self.run.states_per_env or self.run.scenarios_per_env
 
     def with_run(self, **changes: Any) -> SynthConfig:
         """A copy with run options replaced (CLI flags win over the file); ``None`` values are ignored."""
@@ -113,7 +153,8 @@ def load_config(path: Path) -> SynthConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{where}: {first['msg']}", path=str(path), field=where) from exc
+        got = f" (got {json.dumps(first['input'])})" if first["type"].endswith("_type") else ""
+        raise ConfigError(f"{where}: {first['msg']}{got}", path=str(path), field=where) from exc
     if config.corpus is not None and not config.corpus.is_absolute():
         config = config.model_copy(update={"corpus": (path.parent / config.corpus).resolve()})
     return config

@@ -12,7 +12,7 @@ from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
 from synthesis.cache import ResponseCache
 from synthesis.config import SynthConfig
-from synthesis.errors import Dropped, SynthesisError
+from synthesis.errors import ConfigError, Dropped, SynthesisError
 from synthesis.llm import LLMClient
 from synthesis.progress import Progress
 from synthesis.report import DROPPED, FAILED, KEPT, StageReport
@@ -50,6 +50,23 @@ class Context:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+    def note(self, stage: str, text: str) -> None:
+        """A progress line inside an item (an assessment round, a scenario validation): long items are not silent."""
+        clear = "\r\x1b[K" if getattr(self.stream, "isatty", lambda: False)() else ""  # over a drawn progress bar
+        self.stream.write(f"{clear}[{stage:<10}] {text}\n")
+        self.stream.flush()
+
+    def required(self, records: RecordFile, earlier: str, keys: set[str]) -> None:
+        """Refuse to run a stage whose input is missing: the earlier stage never ran, or kept nothing in scope.
+
+        Raises:
+            ConfigError: naming the stage to run first.
+        """
+        if not records.path.is_file():
+            raise ConfigError(f"no {earlier} output in {self.workspace.work}: run `synth {earlier}` first")
+        if not keys:
+            raise ConfigError(f"`synth {earlier}` kept nothing (in scope) to work on; see its records in {records.path}")
 
     async def run_items(self, stage: str, keys: list[str], records: RecordFile, work: Work) -> StageReport:
         """Run ``work(key)`` for every key without a finished record, ``run.concurrency`` at a time.

@@ -7,31 +7,51 @@ from typing import TypeVar
 
 from synthesis.config import Role
 from synthesis.errors import AnswerRejected, ParseError
-from synthesis.llm import LLMClient
-from synthesis.prompts import Prompt, reask
+from synthesis.llm import LLMClient, Message
+from synthesis.prompts import Prompt, cut_off, reask
 
 T = TypeVar("T")
 
 
 async def ask(client: LLMClient, role: Role, prompt: Prompt, parse: Callable[[str], T], *, stage: str) -> T:
-    """Return ``parse(answer)`` for the first answer that parses.
+    """Return ``parse(answer)`` for the first answer that parses (see ``converse``)."""
+    value, _ = await converse(client, role, prompt.messages(), parse, stage=stage, label=prompt.label,
+                              template=prompt.template)  # fmt: skip
+    return value
 
-    The conversation grows by the bad answer and the parse error each time, so the
-    model sees what to fix; each turn is cached, so a rerun replays it for free.
+
+async def converse(
+    client: LLMClient, role: Role, messages: list[Message], parse: Callable[[str], T], *, stage: str, label: str,
+    template: str,
+) -> tuple[T, str]:  # fmt: skip
+    """``parse(answer)`` and the answer's text, for the first answer to ``messages`` that parses.
+
+    A malformed answer is sent back with the parse error, so the model sees what to
+    fix. An answer cut off at the length limit is not: the next request is the
+    original conversation plus a request for brevity, smaller than sending the cut
+    text back. Each turn is cached, so a rerun replays a successful exchange for
+    free; when every answer fails, their cache entries are forgotten, so a rerun
+    asks again instead of replaying the same failure.
 
     Raises:
         AnswerRejected: ``1 + llm.max_reasks`` answers failed to parse.
         LLMGaveUp, LLMRejected: from the client.
     """
-    messages = prompt.messages()
     attempts = client.config.llm.max_reasks + 1
     problem = ""
-    for _ in range(attempts):
-        completion = await client.chat(role, messages, stage=stage)
+    sent = messages
+    keys: list[str] = []
+    for turn in range(attempts):
+        completion = await client.chat(role, sent, stage=stage, label=f"{label} turn={turn}")
+        keys.append(completion.key)
         try:
-            return parse(completion.text)
+            return parse(completion.text), completion.text
         except ParseError as exc:
             problem = exc.reason
-        follow_up = reask(problem, truncated=completion.finish_reason == "length")
-        messages = [*messages, {"role": "assistant", "content": completion.text}, {"role": "user", "content": follow_up}]
-    raise AnswerRejected(prompt.template, attempts, problem)
+        if completion.finish_reason == "length":
+            sent = [*messages, {"role": "user", "content": cut_off(problem)}]
+        else:
+            sent = [*sent, {"role": "assistant", "content": completion.text}, {"role": "user", "content": reask(problem)}]
+    for key in keys:
+        client.forget(key)
+    raise AnswerRejected(template, attempts, problem)

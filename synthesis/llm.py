@@ -32,6 +32,7 @@ class Completion:
     text: str
     finish_reason: str | None
     cached: bool
+    key: str = ""  # the cache key of the request, so an answer that proves unusable can be forgotten
 
 
 class _Retryable(Exception):
@@ -64,8 +65,12 @@ class LLMClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def chat(self, role: Role, messages: list[Message], *, stage: str) -> Completion:
+    async def chat(self, role: Role, messages: list[Message], *, stage: str, label: str = "") -> Completion:
         """One completion for ``messages`` from the model configured for ``role``.
+
+        ``label`` names the request (template, environment, item, turn). It is
+        sent as the ``llm.label_header`` header when that is configured, and is
+        never part of the prompt or of the cache key.
 
         Raises:
             LLMGaveUp: retryable failures persisted for ``llm.max_attempts`` tries.
@@ -74,12 +79,17 @@ class LLMClient:
         body: dict[str, Any] = {
             "model": self.config.model_for(role),
             "messages": messages,
-            "temperature": self.config.llm.temperature,
+            "temperature": self.config.temperature_for(role),
             "max_tokens": self.config.llm.max_tokens,
         }
-        data, cached = await self._cached("chat/completions", body, role, stage, _check_chat)
+        data, cached, key = await self._cached("chat/completions", body, role, stage, _check_chat, label)
         choice = data["choices"][0]
-        return Completion(str(choice["message"].get("content") or ""), choice.get("finish_reason"), cached)
+        return Completion(str(choice["message"].get("content") or ""), choice.get("finish_reason"), cached, key)
+
+    def forget(self, key: str) -> None:
+        """Drop a cached answer that proved unusable, so a rerun asks the endpoint again instead of replaying it."""
+        if self.cache is not None and key:
+            self.cache.drop(key)
 
     async def embed(self, texts: list[str], *, stage: str) -> list[list[float]]:
         """One vector per text, in order, from ``llm.embedding_model``.
@@ -88,27 +98,27 @@ class LLMClient:
             LLMGaveUp, LLMRejected: as for ``chat``.
         """
         body = {"model": self.config.model_for("embedding"), "input": texts}
-        data, _ = await self._cached("embeddings", body, "embedding", stage, _check_embeddings)
+        data, _, _ = await self._cached("embeddings", body, "embedding", stage, _check_embeddings, "")
         rows = sorted(data["data"], key=lambda row: int(row.get("index", 0)))
         return [[float(x) for x in row["embedding"]] for row in rows]
 
     async def _cached(
-        self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check
-    ) -> tuple[dict[str, Any], bool]:
+        self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check, label: str
+    ) -> tuple[dict[str, Any], bool, str]:
         key = request_key({"endpoint": endpoint, **body})
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self.ledger.cache_hit(stage)
-                return hit, True
+                return hit, True, key
         pending = self._inflight.get(key)
         if pending is not None:  # the same request is on its way: share its answer
             self.ledger.cache_hit(stage)
-            return await asyncio.shield(pending), True
+            return await asyncio.shield(pending), True, key
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            data = await self._post(endpoint, body, role, stage, check)
+            data = await self._post(endpoint, body, role, stage, check, label)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -121,16 +131,18 @@ class LLMClient:
         future.set_result(data)
         if self.cache is not None:
             self.cache.put(key, {"endpoint": endpoint, **body}, data)
-        return data, False
+        return data, False, key
 
-    async def _post(self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check) -> dict[str, Any]:
+    async def _post(
+        self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check, label: str
+    ) -> dict[str, Any]:
         attempts = self.config.llm.max_attempts
         model = str(body["model"])
         last = ""
         for attempt in range(1, attempts + 1):
             self.ledger.request(stage)
             try:
-                data = await self._send(endpoint, body, model, check)
+                data = await self._send(endpoint, body, model, check, label)
             except _Retryable as exc:
                 last = exc.reason
                 if attempt < attempts:
@@ -141,10 +153,12 @@ class LLMClient:
             return data
         raise LLMGaveUp(endpoint, model, attempts, last)
 
-    async def _send(self, endpoint: str, body: dict[str, Any], model: str, check: Check) -> dict[str, Any]:
+    async def _send(self, endpoint: str, body: dict[str, Any], model: str, check: Check, label: str) -> dict[str, Any]:
+        header = self.config.llm.label_header
+        headers = {header: label} if header and label else None
         async with self._slots:  # backoff sleeps happen outside: a waiting retry holds no slot
             try:
-                response = await self._http.post(endpoint, json=body)
+                response = await self._http.post(endpoint, json=body, headers=headers)
             except httpx.TimeoutException:
                 raise _Retryable(f"no answer within {self.config.llm.timeout:g} s") from None
             except httpx.TransportError as exc:

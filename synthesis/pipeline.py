@@ -6,12 +6,18 @@
     scenarios  generate and validate scenarios (stages 4 and 5), then publish the catalog
 
 Each stage reads the previous stage's records and writes its own, so any
-stage can be rerun alone, and ``all`` after an interruption resumes.
+stage can be rerun alone, and ``all`` after an interruption resumes. A stage
+that had items and kept none stops the run: the next one would have no input.
+
+``_work/summary.json`` holds every run made into the folder (``runs``) and
+their sum (``cumulative``), so the cost of a resumed run adds up; its
+``stages``, ``usage`` and ``total`` describe the latest run.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +27,7 @@ from synthesis import assess, dedup, publish, scenarios, skeleton, themes
 from synthesis.config import SynthConfig
 from synthesis.context import Context
 from synthesis.report import StageReport, render
+from synthesis.usage import Usage
 
 STAGES = ("themes", "skeletons", "assess", "scenarios")
 _STEPS: dict[str, list[Callable[[Context], Awaitable[StageReport]]]] = {
@@ -42,6 +49,11 @@ class RunResult:
         """False when the published catalog failed validation."""
         return not any(r.failed for r in self.reports if r.stage == publish.STAGE)
 
+    @property
+    def barren(self) -> StageReport | None:
+        """The stage that had items and kept none (the run stopped there), if any."""
+        return next((r for r in self.reports if r.barren), None)
+
 
 async def run(
     config: SynthConfig,
@@ -59,17 +71,44 @@ async def run(
     """
     ctx = Context(config, out, api_key=api_key, stream=stream if stream is not None else sys.stderr, use_cache=use_cache)
     reports: list[StageReport] = []
+    started = time.time()
     try:
-        for stage in STAGES:
-            if stage in stages:
-                for step in _STEPS[stage]:
-                    reports.append(await step(ctx))
+        for step in (step for stage in STAGES if stage in stages for step in _STEPS[stage]):
+            reports.append(await step(ctx))
+            if reports[-1].barren:
+                break
     finally:
         await ctx.close()
-    summary = {
+    this_run = {
+        "started": round(started, 3), "stages_run": list(stages),
         "stages": [r.to_json(ctx.ledger.of(r.stage)) for r in reports],
         "usage": {stage: usage.to_json() for stage, usage in ctx.ledger.stages.items()},
         "total": ctx.ledger.total().to_json(),
-    }
+    }  # fmt: skip
+    summary = _accumulate(ctx.workspace.read_json(ctx.workspace.summary), this_run)
     ctx.workspace.write_json(ctx.workspace.summary, summary)
-    return RunResult(reports, summary, render(reports, ctx.ledger))
+    table = render(reports, ctx.ledger)
+    total = summary["cumulative"]["total"]
+    if len(summary["runs"]) > 1:
+        table += (f"\nall {len(summary['runs'])} runs into this folder: {total['requests']} requests, "
+                  f"{total['prompt_tokens'] + total['completion_tokens']} tokens, ${total['cost']:.4f}")  # fmt: skip
+    return RunResult(reports, summary, table)
+
+
+def _accumulate(previous: Any, this_run: dict[str, Any]) -> dict[str, Any]:
+    """The summary with ``this_run`` added to the runs an earlier summary recorded (an unreadable one counts as none)."""
+    runs: list[dict[str, Any]] = []
+    if isinstance(previous, dict) and isinstance(previous.get("runs"), list):
+        runs = [r for r in previous["runs"] if isinstance(r, dict)]
+    elif isinstance(previous, dict) and isinstance(previous.get("usage"), dict):
+        runs = [previous]  # a summary written before runs were kept: one run
+    runs.append(this_run)
+    per_stage: dict[str, Usage] = {}
+    for run_ in runs:
+        for stage, usage in (run_.get("usage") or {}).items():
+            per_stage.setdefault(stage, Usage()).add(Usage.from_json(usage))
+    total = Usage()
+    for usage in per_stage.values():
+        total.add(usage)
+    cumulative = {"usage": {k: v.to_json() for k, v in per_stage.items()}, "total": total.to_json()}
+    return {**{k: this_run[k] for k in ("stages", "usage", "total")}, "runs": runs, "cumulative": cumulative}

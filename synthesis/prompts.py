@@ -2,10 +2,10 @@
 
 A template file has a ``[system]`` section and a ``[user]`` section. Values are
 substituted as ``$name``; a literal dollar is ``$$``; a missing value is an
-error, never a silent blank. Every user message starts with a request tag
-(template, environment, item): it makes each request self-describing in
-endpoint logs, and lets a scripted test endpoint route answers without
-depending on call order, which concurrency would scramble.
+error, never a silent blank. A prompt carries a label (template, environment,
+item) that never enters the text the model reads: the client sends it as an
+HTTP header only when ``llm.label_header`` is configured (for endpoint logs,
+and for the scripted test endpoint, which routes answers by it).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ class Prompt:
     user: str
 
     @property
-    def tag(self) -> str:
-        return f"[request template={self.template} env={self.env} item={self.item}]"
+    def label(self) -> str:
+        return f"template={self.template} env={self.env} item={self.item}"
 
     def messages(self) -> list[Message]:
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": f"{self.tag}\n{self.user}"}]
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
 
 @functools.cache
@@ -59,11 +59,20 @@ def render(name: str, *, env: str, item: str = "main", **values: Any) -> Prompt:
     return Prompt(name, env, item, system.substitute(texts), user.substitute(texts))
 
 
-def reask(problem: str, truncated: bool) -> str:
+def turn(name: str, **values: Any) -> str:
+    """The user section of template ``name``: a later turn of a conversation another prompt started."""
+    _, user = _sections(name)
+    return user.substitute({k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in values.items()})
+
+
+def reask(problem: str) -> str:
     """The follow-up sent after an answer that did not parse."""
-    _, user = _sections("reask")
-    hint = "Your answer was cut off at the length limit: be more concise this time. " if truncated else ""
-    return user.substitute(problem=problem, hint=hint)
+    return turn("reask", problem=problem)
+
+
+def cut_off(problem: str) -> str:
+    """Appended to the original prompt after an answer cut off at the length limit (the cut text is not sent back)."""
+    return turn("cut_off", problem=problem)
 
 
 def shown(value: Any, limit: int = 6000) -> str:

@@ -3,11 +3,19 @@
 Packages are rewritten from the stage records on every run, so the catalog
 always reflects them; a package this pipeline published earlier and no longer
 keeps is removed (nothing else in the folder is touched).
+
+Each package records where it came from under a ``provenance`` key, which the
+catalog loader ignores: ``env.json`` the assessment summary (rounds, verdict
+counts before and after repair, repaired and removed tools), each line of
+``scenarios.jsonl`` its validation history (drafts, validations, diagnoses).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
+from typing import Any
 
 from sandbox.errors import SandboxError
 from service.catalog import Scenario, write_package
@@ -25,14 +33,15 @@ async def run(ctx: Context) -> StageReport:
     skeletons = ws.skeletons.load()
     scenarios = [r for r in ws.scenarios.load().values() if r.get("status") == KEPT]
     scope = dedup.in_scope(ctx)
-    kept = sorted(k for k, r in ws.assessments.load().items()
+    assessments = ws.assessments.load()
+    kept = sorted(k for k, r in assessments.items()
                   if r.get("status") == KEPT and k in scope and skeletons.get(k, {}).get("status") == KEPT)  # fmt: skip
     report = StageReport(STAGE)
     for env_id in kept:
-        env = environment(skeletons[env_id])
-        own = sorted((Scenario.from_json(r["scenario"]) for r in scenarios if r["scenario"]["env_id"] == env_id),
-                     key=lambda s: s.scenario_id)  # fmt: skip
-        write_package(env, own, ws.out)
+        env = environment(skeletons[env_id], assessments[env_id])
+        own = sorted((r for r in scenarios if r["scenario"]["env_id"] == env_id), key=lambda r: str(r["key"]))
+        folder = write_package(env, [Scenario.from_json(r["scenario"]) for r in own], ws.out)
+        _record_provenance(folder, assessments[env_id], own)
         report.count({"key": env_id, "status": KEPT})
     previous = ws.read_json(ws.published)
     for env_id in previous if isinstance(previous, list) else []:
@@ -49,3 +58,21 @@ async def run(ctx: Context) -> StageReport:
         for problem in validation.problems:
             report.failed.append(("catalog", problem))
     return report
+
+
+def scenario_provenance(record: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's validation history without the bulky evidence (that stays in ``_work/scenarios.jsonl``)."""
+    history = [{k: v for k, v in entry.items() if k != "evidence"} for entry in record.get("history") or []]
+    return {"drafts": max((e.get("draft", 1) for e in history), default=1), "validations": len(history),
+            "history": history}  # fmt: skip
+
+
+def _record_provenance(folder: Path, assessment: dict[str, Any], scenarios: list[dict[str, Any]]) -> None:
+    manifest_path = folder / "env.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    summary = assessment.get("assessment") or {"rounds": assessment.get("rounds"), "counts": assessment.get("counts")}
+    manifest["provenance"] = {"assessment": {**summary, "ratio": assessment.get("ratio")}}
+    manifest_path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    lines = [json.dumps({**Scenario.from_json(r["scenario"]).to_json(), "provenance": scenario_provenance(r)},
+                        ensure_ascii=False) for r in scenarios]  # fmt: skip
+    (folder / "scenarios.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")

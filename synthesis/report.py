@@ -21,6 +21,7 @@ class StageReport:
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what repairs did, one line per item they touched
 
     def count(self, record: dict[str, Any], *, resumed: bool = False) -> None:
         self.items += 1
@@ -33,11 +34,16 @@ class StageReport:
         else:
             self.failed.append((str(record.get("key")), str(record.get("error") or "unknown error")))
 
+    @property
+    def barren(self) -> bool:
+        """Items came in and none was kept: every one failed or was dropped."""
+        return self.items > 0 and self.kept == 0
+
     def to_json(self, usage: Usage) -> dict[str, Any]:
         return {
             "stage": self.stage, "items": self.items, "resumed": self.resumed, "kept": self.kept,
             "dropped": dict(self.dropped), "failed": [{"key": k, "error": e} for k, e in self.failed],
-            "usage": usage.to_json(),
+            "notes": list(self.notes), "usage": usage.to_json(),
         }  # fmt: skip
 
 
@@ -63,4 +69,5 @@ def render(reports: list[StageReport], ledger: Ledger) -> str:
             lines.append(f"{r.stage}: dropped {n} ({reason})")
         for key, error in r.failed:
             lines.append(f"{r.stage}: FAILED {key}: {error}")
+        lines.extend(f"{r.stage}: {note}" for note in r.notes)
     return "\n".join(lines)

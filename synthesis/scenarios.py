@@ -1,20 +1,28 @@
-"""Stage 4, scenario generation (initial states, task, checklist, checks, reference solution), then validation."""
+"""Stage 4, scenario generation and validation, with repair.
+
+Each environment gets ``run.scenarios_per_env`` scenario slots. A slot draws
+its initial state from the environment's ``states_per_env`` states (each
+asked for alone), then writes drafts (task, checklist, checks, solution) until
+one validates: a draft whose replay fails is repaired from the evidence up to
+``repair.scenario_attempts`` times, and a slot writes up to
+``repair.drafts_per_scenario`` drafts. The record keeps every validation
+(``history``) with its evidence: the replayed calls, the checks' outcomes and
+the final state.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from service.catalog import CheckItem, Environment, Scenario, ToolCall
-from synthesis import dedup, replay, states
-from synthesis.answers import ChecklistItem, InitState, parse_checklist, parse_solution, parse_task
+from service.catalog import Environment
+from synthesis import dedup, drafts, replay, scenario_repair, states
+from synthesis.answers import InitState
 from synthesis.context import Context
-from synthesis.dialogue import ask
-from synthesis.errors import Dropped
-from synthesis.prompts import render, shown
+from synthesis.errors import AnswerRejected
+from synthesis.prompts import shown
 from synthesis.report import DROPPED, KEPT, StageReport
 from synthesis.skeleton import environment
-from synthesis.sources import parse_check_func
 
 STAGE = "scenarios"
 
@@ -25,30 +33,39 @@ def scenario_keys(env_id: str, count: int) -> list[str]:
 
 async def run(ctx: Context) -> StageReport:
     skeletons = ctx.workspace.skeletons.load()
+    assessments = ctx.workspace.assessments.load()
     scope = dedup.in_scope(ctx)
-    assessed = {k for k, r in ctx.workspace.assessments.load().items()
+    assessed = {k for k, r in assessments.items()
                 if r.get("status") == KEPT and k in scope and skeletons.get(k, {}).get("status") == KEPT}  # fmt: skip
-    count = ctx.config.run.scenarios_per_env
-    envs = {env_id: environment(skeletons[env_id]) for env_id in sorted(assessed)}
+    ctx.required(ctx.workspace.assessments, "assess", assessed)
+    count, n_states = ctx.config.run.scenarios_per_env, ctx.config.states_per_env()
+    envs = {env_id: environment(skeletons[env_id], assessments[env_id]) for env_id in sorted(assessed)}
     owner = {key: env_id for env_id in envs for key in scenario_keys(env_id, count)}
-    # One request yields all of an environment's states; its items share it.
-    pending: dict[str, asyncio.Task[list[InitState]]] = {}
+    pending: dict[tuple[str, int], asyncio.Task[InitState]] = {}  # slots sharing a state share its request
 
-    def states_of(env: Environment) -> asyncio.Task[list[InitState]]:
-        if env.env_id not in pending:
-            pending[env.env_id] = asyncio.ensure_future(states.generate(
-                ctx, env, count=count, item="scenarios", stage=STAGE,
-                purpose=f"{count} distinct starting points, each for a different realistic task"))  # fmt: skip
-        return pending[env.env_id]
+    def state(env: Environment, index: int) -> asyncio.Task[InitState]:
+        if (env.env_id, index) not in pending:
+            purpose = f"starting point {index + 1} of {n_states}, for a realistic task different from the others'"
+            pending[env.env_id, index] = asyncio.ensure_future(
+                states.generate(ctx, env, item=f"state-{index + 1:02d}", purpose=purpose, stage=STAGE))
+        return pending[env.env_id, index]
 
     async def work(key: str) -> dict[str, Any]:
         env = envs[owner[key]]
-        index = scenario_keys(env.env_id, count).index(key)
-        seeds = await asyncio.shield(states_of(env))
-        return await generate(ctx, env, key, seeds[index])
+        index = scenario_keys(env.env_id, count).index(key) % n_states
+        return await make(ctx, env, key, await asyncio.shield(state(env, index)))
 
     try:
-        return await ctx.run_items(STAGE, sorted(owner), ctx.workspace.scenarios, work)
+        report = await ctx.run_items(STAGE, sorted(owner), ctx.workspace.scenarios, work)
+        records = ctx.workspace.scenarios.load()
+        for key in sorted(owner):
+            history = (records.get(key) or {}).get("history") or []
+            if len(history) > 1:
+                fixes = ", ".join(str(e["diagnosis"]["diagnosis"]) for e in history if e.get("diagnosis"))
+                outcome = records[key]["status"]
+                report.notes.append(f"{key}: {outcome} after {len(history)} validations, {history[-1]['draft']} "
+                                    f"draft(s); repairs: {fixes or 'none'}")  # fmt: skip
+        return report
     finally:
         for task in pending.values():
             if not task.done():
@@ -57,40 +74,44 @@ async def run(ctx: Context) -> StageReport:
                 task.exception()  # retrieved: each item already recorded it
 
 
-async def generate(ctx: Context, env: Environment, key: str, seed: InitState) -> dict[str, Any]:
+async def make(ctx: Context, env: Environment, key: str, seed: InitState) -> dict[str, Any]:
+    """Drafts, validations and repairs for one slot, within the configured bounds."""
     pool = await ctx.pool()
     initial = await states.instantiate(pool, env, seed.init_config)
     view = shown(states.view(initial), 12000)
-    item = key.rsplit("-", 1)[1]
-    rules = "\n".join(f"- {rule}" for rule in env.rules)
-    tools = shown(env.tools, 12000)
-    spec = await ask(ctx.client, "generator",
-                     render("task", env=env.env_id, item=item, introduction=env.introduction, rules=rules, tools=tools,
-                            state=view, description=seed.description), parse_task, stage=STAGE)  # fmt: skip
-    checklist = await ask(ctx.client, "generator",
-                          render("checklist", env=env.env_id, item=item, task=spec.task, sub_goals=spec.sub_goals,
-                                 state=view, rules=rules), parse_checklist, stage=STAGE)  # fmt: skip
-
-    async def write(j: int, entry: ChecklistItem) -> replay.Check:
-        prompt = render("check_func", env=env.env_id, item=f"{item}-c{j}", check_item=entry.item, kind=entry.kind,
-                        task=spec.task, code=env.code, state=view)  # fmt: skip
-        source = await ask(ctx.client, "generator", prompt, parse_check_func, stage=STAGE)
-        return replay.Check(entry.item, entry.kind, source)
-
-    checks = list(await asyncio.gather(*(write(j, e) for j, e in enumerate(checklist, start=1))))
-    numbered = [{"item": c.item, "kind": c.kind} for c in checklist]
-    calls = await ask(ctx.client, "generator",
-                      render("solution", env=env.env_id, item=item, task=spec.task, checklist=numbered, tools=tools,
-                             state=view, rules=rules),
-                      lambda answer: parse_solution(answer, env.tool_names), stage=STAGE)  # fmt: skip
-    scenario = Scenario(
-        scenario_id=key, env_id=env.env_id, task=spec.task, init_config=seed.init_config,
-        checklist=[CheckItem(c.item, c.source) for c in checks],
-        reference_solution=[ToolCall(c.name, c.arguments) for c in calls],
-    )  # fmt: skip
-    record = {"scenario": scenario.to_json(), "kinds": [c.kind for c in checks], "sub_goals": spec.sub_goals}
-    try:
-        trace = await replay.replay(pool, env, initial, calls, checks)
-    except Dropped as exc:  # keep what was generated: the record shows what the replay rejected
-        return {**record, "status": DROPPED, "reason": exc.reason, "detail": exc.detail}
-    return {**record, "status": KEPT, "trace": trace}
+    slot = key.rsplit("-", 1)[1]
+    bounds = ctx.config.repair
+    history: list[dict[str, Any]] = []
+    record: dict[str, Any] = {}
+    abandoned: list[str] = []
+    for d in range(1, bounds.drafts_per_scenario + 1):
+        item = slot if d == 1 else f"{slot}-d{d}"
+        draft = await drafts.write(ctx, env, item, seed, view, stage=STAGE, abandoned=abandoned)
+        for attempt in range(bounds.scenario_attempts + 1):
+            validation = await replay.replay(pool, env, initial, draft.calls, draft.checks)
+            record = {"scenario": draft.scenario(key, env.env_id, seed).to_json(), "kinds": [c.kind for c in draft.checks],
+                      "sub_goals": draft.spec.sub_goals}  # fmt: skip
+            entry: dict[str, Any] = {"draft": d, "attempt": attempt, "result": validation.reason or "valid",
+                                     "detail": validation.detail}  # fmt: skip
+            history.append(entry)
+            ctx.note(STAGE, f"{key}: draft {d}, validation {attempt + 1}: {entry['result']}")
+            if validation.reason is None:
+                return {**record, "status": KEPT, "trace": validation.trace, "history": history}
+            final = states.view(validation.final) if validation.final else None
+            entry["evidence"] = scenario_repair.evidence(validation, final)
+            if attempt == bounds.scenario_attempts:
+                break
+            try:
+                fix = await scenario_repair.diagnose(ctx, env, f"{item}-fix{attempt + 1}", draft, validation, view,
+                                                     shown(final, 12000), stage=STAGE)  # fmt: skip
+            except AnswerRejected as exc:
+                entry["diagnosis"] = {"diagnosis": "none", "reason": f"no usable repair: {exc.last}"}
+                break
+            entry["diagnosis"] = {"diagnosis": fix.diagnosis, "reason": fix.reason, "changed": fix.changed()}
+            if fix.diagnosis in ("task", "environment"):
+                break  # nothing to patch in this draft: a fresh one, if the budget allows
+            draft = scenario_repair.apply(draft, fix)
+        reason = history[-1].get("diagnosis", {}).get("reason") or f"{history[-1]['result']}: {history[-1]['detail']}"
+        abandoned.append(f"{draft.spec.task} (abandoned: {reason})")
+    last = history[-1]
+    return {**record, "status": DROPPED, "reason": last["result"], "detail": last["detail"], "history": history}

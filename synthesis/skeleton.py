@@ -25,10 +25,14 @@ def env_code(env: Environment) -> EnvCode:
     return EnvCode(key=env.code_hash, env_id=env.env_id, class_name=env.class_name, code=env.code)
 
 
-def environment(record: dict[str, Any]) -> Environment:
-    """The environment a kept skeleton record describes. Raises CatalogError if the code is unusable."""
+def environment(record: dict[str, Any], assessment: dict[str, Any] | None = None) -> Environment:
+    """The environment a kept skeleton record describes, with the code its assessment repaired, if it did.
+
+    Raises CatalogError if the code is unusable.
+    """
+    code = (assessment or {}).get("code") or record["code"]
     return build_environment(
-        env_id=record["key"], class_name=record["class_name"], code=record["code"], summary=record["summary"],
+        env_id=record["key"], class_name=record["class_name"], code=code, summary=record["summary"],
         introduction=record["introduction"], rules=record["rules"],
     )  # fmt: skip
 
@@ -37,17 +41,24 @@ async def run(ctx: Context) -> StageReport:
     if not ctx.workspace.environments.is_file():
         raise ConfigError("no environments yet: run `synth themes` first")
     themes = {env["env_id"]: env for env in dedup.environments(ctx)}
+    if not themes:
+        raise ConfigError("theme mining kept no environment: nothing to build")
+    judged = ctx.workspace.themes.load()
 
     async def build(key: str) -> dict[str, Any]:
-        return await build_skeleton(ctx, themes[key])
+        source = judged.get(str(themes[key].get("source_task")), {}).get("task", "")
+        return await build_skeleton(ctx, themes[key], source)
 
     return await ctx.run_items(STAGE, sorted(themes), ctx.workspace.skeletons, build)
 
 
-async def build_skeleton(ctx: Context, theme: dict[str, Any]) -> dict[str, Any]:
+async def build_skeleton(ctx: Context, theme: dict[str, Any], source_task: str = "") -> dict[str, Any]:
+    """``source_task``: the corpus task the theme was mined from; the state plan must be able to serve it."""
     env_id = theme["env_id"]
     about = {"env_name": env_id, "summary": theme["summary"], "introduction": theme["introduction"]}
-    plan = await ask(ctx.client, "generator", render("state_plan", env=env_id, **about), parse_state_plan, stage=STAGE)
+    task = source_task or "(not recorded)"
+    plan = await ask(ctx.client, "generator", render("state_plan", env=env_id, source_task=task, **about),
+                     parse_state_plan, stage=STAGE)  # fmt: skip
     attributes = [e.container for e in plan.entities] + [s.name for s in plan.settings]
     state_code = await ask(
         ctx.client, "generator",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sandbox import codec
 from sandbox.errors import RequestFailed
 from sandbox.pool import WorkerPool
+from sandbox.view import view_encoded
 from service.catalog import Environment
-from synthesis.answers import InitState, parse_init_states
+from synthesis.answers import InitState, parse_init_state
 from synthesis.consistency import problems, schema_of
 from synthesis.context import Context
 from synthesis.dialogue import ask
@@ -20,26 +20,25 @@ from synthesis.skeleton import env_code
 
 def view(state: str) -> Any:
     """The JSON view of encoded state (never unpickles: safe outside the sandbox)."""
-    return codec.view_encoded(json.loads(state))
+    return view_encoded(json.loads(state))
 
 
-async def generate(ctx: Context, env: Environment, *, count: int, item: str, purpose: str, stage: str) -> list[InitState]:
-    """``count`` initial states; an inconsistent one is sent back to the model with what is wrong."""
+async def generate(ctx: Context, env: Environment, *, item: str, purpose: str, stage: str) -> InitState:
+    """One initial state per request; an inconsistent one is sent back to the model with what is wrong."""
     pool = await ctx.pool()
     defaults = view(await pool.init_state(env_code(env), {}))
     schema = schema_of(env.code, env.class_name, defaults)
 
-    def parse(answer: str) -> list[InitState]:
-        states = parse_init_states(answer, count)
-        for i, state in enumerate(states):
-            found = problems(state.init_config, schema)
-            if found:
-                raise ParseError(f"states[{i}].init_config is inconsistent: " + "; ".join(found))
-        return states
+    def parse(answer: str) -> InitState:
+        state = parse_init_state(answer)
+        found = problems(state.init_config, schema)
+        if found:
+            raise ParseError("answer.init_config is inconsistent: " + "; ".join(found))
+        return state
 
     rules = "\n".join(f"- {rule}" for rule in env.rules)
-    prompt = render("init_states", env=env.env_id, item=item, count=str(count), purpose=purpose,
-                    introduction=env.introduction, rules=rules, code=env.code, defaults=shown(defaults))  # fmt: skip
+    prompt = render("init_states", env=env.env_id, item=item, purpose=purpose, introduction=env.introduction,
+                    rules=rules, code=env.code, defaults=shown(defaults))  # fmt: skip
     return await ask(ctx.client, "generator", prompt, parse, stage=stage)
 
 

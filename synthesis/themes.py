@@ -61,6 +61,8 @@ async def run(ctx: Context) -> StageReport:
     if ctx.config.corpus is None:
         raise ConfigError("the config names no corpus (corpus = \"tasks.jsonl\")", field="corpus")
     tasks = {t.task_id: t for t in read_corpus(ctx.config.corpus)}
+    if not tasks:
+        raise ConfigError("the corpus holds no task", path=str(ctx.config.corpus))
 
     async def judge(key: str) -> dict[str, Any]:
         task = tasks[key]

@@ -24,6 +24,23 @@ class Usage:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "cost": round(self.cost, 6)}
 
+    @classmethod
+    def from_json(cls, data: Any) -> Usage:
+        """Read what ``to_json`` wrote; missing or malformed fields count as zero."""
+        out = cls()
+        for name in _FIELDS:
+            value = data.get(name) if isinstance(data, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                setattr(out, name, type(getattr(out, name))(value))
+        return out
+
+    def add(self, other: Usage) -> None:
+        for name in _FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+_FIELDS = ("requests", "answers", "cached", "prompt_tokens", "completion_tokens", "cost")
+
 
 @dataclass
 class Ledger:
@@ -52,6 +69,5 @@ class Ledger:
     def total(self) -> Usage:
         out = Usage()
         for usage in self.stages.values():
-            for name in ("requests", "answers", "cached", "prompt_tokens", "completion_tokens", "cost"):
-                setattr(out, name, getattr(out, name) + getattr(usage, name))
+            out.add(usage)
         return out

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.codec import CodecError, decode, diff, encode_state, view, view_encoded
+from sandbox.codec import CodecError, decode, encode_state
+from sandbox.view import diff, view, view_encoded
 
 ENV_MODULE = "ef_env_test"
 

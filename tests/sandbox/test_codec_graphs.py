@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+import sandbox.view
 from sandbox import codec
-from sandbox.codec import CodecError, decode, diff, encode_state, view, view_encoded
+from sandbox.codec import CodecError, decode, encode_state
+from sandbox.view import diff, view, view_encoded
 
 ENV_MODULE = "ef_env_graph_test"
 
@@ -310,7 +312,7 @@ def test_view_past_the_depth_bound_is_marked_truncated() -> None:
 
 
 def test_view_past_the_size_bound_is_marked_truncated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "MAX_VIEW_NODES", 50)
+    monkeypatch.setattr(sandbox.view, "MAX_VIEW_NODES", 50)
     state = {"items": [[i] for i in range(100)]}
     for shown in (view(state), view_encoded(json.loads(encode_state(state)))):
         assert shown["items"][:48] == [[i] for i in range(48)]

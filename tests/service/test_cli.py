@@ -89,3 +89,32 @@ def test_bad_settings_and_missing_catalogs_are_plain_errors() -> None:
     bad = subprocess.run([sys.executable, "-m", "service.cli", "serve"], capture_output=True, text=True, cwd=ROOT,
                          timeout=60, env={**os.environ, "ENVFOUNDRY_SANDBOX": "bogus"})
     assert bad.returncode == 2 and "setting sandbox" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_validate_shows_what_synthesis_recorded(tmp_path: Path) -> None:
+    """A synthesised package's assessment and its scenarios' repair history are printed with the report."""
+    from service.cli import provenance_lines
+
+    package = tmp_path / "cat" / "lib"
+    shutil.copytree(BUNDLED / "library_circulation", package)
+    manifest = json.loads((package / "env.json").read_text())
+    manifest["provenance"] = {"assessment": {"rounds": 30, "counts": {"pass": 27, "warning": 3},
+                                             "first_counts": {"pass": 25, "fail": 2}, "repaired": ["renew_loan"],
+                                             "removed": [], "ratio": 1.0}}
+    (package / "env.json").write_text(json.dumps(manifest))
+    lines = (package / "scenarios.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["provenance"] = {"drafts": 2, "validations": 3, "history": [
+        {"draft": 1, "passed": False, "diagnosis": {"diagnosis": "task", "reason": "r"}},
+        {"draft": 2, "passed": False, "diagnosis": {"diagnosis": "check", "reason": "r"}}, {"draft": 2, "passed": True}]}
+    (package / "scenarios.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    printed = provenance_lines([tmp_path / "cat"])
+    assert printed == [
+        "PROVENANCE library_circulation: 30 rounds, verdicts {'pass': 27, 'warning': 3} (before repair "
+        "{'pass': 25, 'fail': 2}), repaired ['renew_loan'], removed []",
+        f"PROVENANCE {first['scenario_id']}: 3 validations over 2 drafts, diagnoses ['task', 'check']",
+    ]
+    result = run("catalog", "validate", str(tmp_path / "cat"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert printed[0] in result.stdout and printed[1] in result.stdout
+    assert provenance_lines([BUNDLED]) == []

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from service.fairness import FairGate
+from service.fairness import FairGate, NoSlot
 
 pytestmark = pytest.mark.anyio
 
@@ -73,3 +73,13 @@ async def test_a_waiter_that_gives_up_leaves_no_slot_behind() -> None:
     assert gate.held == {} and gate.waiting == {}
     async with gate.slot("c"):
         assert gate.held == {"c": 1}
+
+
+async def test_a_waiter_past_its_timeout_gets_no_slot_and_takes_none() -> None:
+    gate = FairGate(1)
+    async with gate.slot("a"):
+        with pytest.raises(NoSlot):
+            async with gate.slot("b", timeout=0.05):
+                pass
+        assert gate.waiting == {}
+    assert gate.held == {}

@@ -13,7 +13,7 @@ from sandbox.pool import Limits, WorkerPool
 from sandbox.process import ProcessBackend
 from synthesis.config import SynthConfig
 from tests.conftest import ROOT
-from tests.synthesis.scripted_llm import EMBED_MODEL, Running, ScriptedLLM
+from tests.synthesis.scripted_llm import EMBED_MODEL, LABEL_HEADER, Running, ScriptedLLM
 
 FIXTURES = ROOT / "tests" / "fixtures" / "synthesis"
 ANSWERS = FIXTURES / "llm"
@@ -26,7 +26,8 @@ def config_data(url: str, *, corpus: Path | str = CORPUS, **sections: dict[str, 
     data: dict[str, Any] = {
         "corpus": str(corpus),
         "llm": {"base_url": url, "api_key_env": "", "timeout": CLIENT_TIMEOUT, "max_attempts": 3,
-                "backoff_initial": 0.01, "backoff_max": 0.05, "max_reasks": 2, "embedding_model": EMBED_MODEL},
+                "backoff_initial": 0.01, "backoff_max": 0.05, "max_reasks": 2, "embedding_model": EMBED_MODEL,
+                "label_header": LABEL_HEADER},
         "models": {"generator": "gen-large", "tester": "gen-small", "checker": "gen-large"},
         "prices": {"generator": {"prompt": 0.002, "completion": 0.008}, "tester": {"prompt": 0.0004, "completion": 0.0016},
                    "checker": {"prompt": 0.002, "completion": 0.008}, "embedding": {"prompt": 0.00002}},
@@ -40,7 +41,7 @@ def config_data(url: str, *, corpus: Path | str = CORPUS, **sections: dict[str, 
 
 
 def make_config(url: str, **sections: dict[str, Any]) -> SynthConfig:
-    return SynthConfig.model_validate(config_data(url, **sections))
+    return SynthConfig.model_validate(config_data(url, corpus=CORPUS, **sections))
 
 
 def write_config(folder: Path, url: str, *, corpus: Path | str = CORPUS, **sections: dict[str, Any]) -> Path:

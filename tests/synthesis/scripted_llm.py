@@ -1,9 +1,9 @@
 """A scripted OpenAI-compatible endpoint: a real uvicorn server answering from fixture files.
 
-Answers are routed by the request tag every prompt starts with
-(``[request template=T env=E item=I]``) and by the turn (how many assistant
-messages the conversation already holds, i.e. how many re-asks), never by
-call order, so concurrency cannot scramble the script:
+Answers are routed by the label the client sends in the ``X-Synth-Label``
+header when ``llm.label_header`` names it (``template=T env=E item=I turn=N``,
+N being the re-ask turn), never by the prompt text and never by call order,
+so concurrency cannot scramble the script:
 
     <root>/<E>/<T>/<I>.<turn>.md   the answer for that turn
     <root>/<E>/<T>/<I>.md          the answer for any turn
@@ -41,7 +41,8 @@ from starlette.routing import Route
 
 from tests.conftest import free_port
 
-TAG = re.compile(r"^\[request template=(\S+) env=(\S+) item=(\S+)\]")
+LABEL_HEADER = "X-Synth-Label"
+LABEL = re.compile(r"^template=(\S+) env=(\S+) item=(\S+) turn=(\d+)$")
 EMBED_MODEL = "scripted-embed"
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset("a an and are as at be by for from in into is it its of on or that the their this to with".split())
@@ -118,13 +119,11 @@ class ScriptedLLM:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         messages = body["messages"]
-        first_user = next(m["content"] for m in messages if m["role"] == "user")
-        match = TAG.match(first_user)
+        match = LABEL.match(request.headers.get(LABEL_HEADER, ""))
         if match is None:
-            return JSONResponse({"error": {"message": "no request tag in the prompt"}}, 400)
-        template, env, item = match.groups()
-        route = f"{env}/{template}/{item}"
-        turn = sum(1 for m in messages if m["role"] == "assistant")
+            return JSONResponse({"error": {"message": f"no {LABEL_HEADER} header"}}, 400)
+        template, env, item, turn_text = match.groups()
+        route, turn = f"{env}/{template}/{item}", int(turn_text)
         with self._lock:
             self.conversations.setdefault(route, []).append(messages)
             self.authorizations.append(request.headers.get("authorization"))

@@ -9,7 +9,7 @@ import pytest
 
 from synthesis.answers import (
     parse_checklist,
-    parse_init_states,
+    parse_init_state,
     parse_operation_plan,
     parse_probe_call,
     parse_solution,
@@ -152,13 +152,13 @@ def test_verdict_labels_are_case_insensitive_and_closed() -> None:
 # -- scenarios --------------------------------------------------------------------------------
 
 
-def test_init_states_must_match_the_count_and_not_be_empty() -> None:
-    states = parse_init_states(latest(ANSWERS / "clinic_appointments" / "init_states", "scenarios"), 2)
-    assert len(states) == 2 and states[1].init_config["current_date"] == "2024-06-11"
-    with pytest.raises(ParseError, match="at most 1 entries"):
-        parse_init_states(latest(ANSWERS / "clinic_appointments" / "init_states", "scenarios"), 1)
+def test_an_init_state_answer_holds_one_state_that_is_not_empty() -> None:
+    state = parse_init_state(latest(ANSWERS / "clinic_appointments" / "init_states", "state-02"))
+    assert state.init_config["current_date"] == "2024-06-11"
     with pytest.raises(ParseError, match="init_config is empty"):
-        parse_init_states(block({"states": [{"description": "x", "init_config": {}}]}), 1)
+        parse_init_state(block({"description": "x", "init_config": {}}))
+    with pytest.raises(ParseError, match="answer.description must be a string"):
+        parse_init_state(block({"init_config": {"pets": {}}}))
 
 
 def test_task_needs_sub_goals_and_substance() -> None:

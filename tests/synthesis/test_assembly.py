@@ -59,3 +59,22 @@ def test_fixture_environment_assembles_into_working_tools() -> None:
                               "book_appointment", "cancel_appointment"}  # fmt: skip
     assert record["code"].count("def _check_date") == 1  # two methods brought it; the first wins
     assert record["code"].splitlines()[:2] == ["import datetime", "from typing import Any, Dict, List, Literal, Optional, TypedDict"]
+
+
+def test_a_method_is_replaced_or_removed_and_the_class_still_compiles() -> None:
+    from synthesis.assembly import replace_method
+    from synthesis.sources import parse_method
+    from tests.synthesis.conftest import fixture_skeleton
+
+    record = fixture_skeleton("clinic_appointments")
+    fixed = parse_method('```python\nimport re\n\ndef cancel_appointment(self, appointment_id: str) -> dict:\n'
+                         '    """Cancel.\n\n    Args:\n        appointment_id: the id.\n    """\n'
+                         '    return {"success": False, "error": "closed"}\n```', "cancel_appointment")  # fmt: skip
+    code = replace_method(record["code"], record["class_name"], "cancel_appointment", fixed)
+    tree = ast.parse(code)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == record["class_name"])
+    names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
+    assert names.count("cancel_appointment") == 1 and "import re" in code and '"closed"' in code
+    assert "book_appointment" in names  # the others stay
+    removed = replace_method(code, record["class_name"], "cancel_appointment", None)
+    assert "def cancel_appointment" not in removed and "def book_appointment" in removed

@@ -66,7 +66,7 @@ def test_the_key_from_the_environment_reaches_the_endpoint(tmp_path: Path, llm: 
                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("SYNTH_TEST_KEY", "sk-from-env")
     corpus = tmp_path / "tasks.jsonl"
-    corpus.write_text('{"task_id": "t03", "task": "Write a poem about autumn leaves."}\n')
+    corpus.write_text('{"task_id": "t01", "task": "Cancel Miso\'s grooming appointment and book a dental cleaning."}\n')
     config = write_config(tmp_path, llm.url, corpus=corpus, llm={"api_key_env": "SYNTH_TEST_KEY"})
     assert cli.main(["synth", "themes", "--config", str(config), "--out", str(tmp_path / "out")]) == 0
     assert set(llm.script.authorizations) == {"Bearer sk-from-env"}
@@ -76,3 +76,58 @@ def test_runs_as_a_module() -> None:
     result = subprocess.run([sys.executable, "-m", "synthesis.cli", "synth", "all", "--help"], capture_output=True,
                             text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert result.returncode == 0 and "--scenarios-per-env" in result.stdout
+
+
+def synth(tmp_path: Path, stage: str, config: Path, *extra: str) -> int:
+    return cli.main(["synth", stage, "--config", str(config), "--out", str(tmp_path / "out"), *extra])
+
+
+def corpus_of(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize(("stage", "earlier"), [("skeletons", "themes"), ("assess", "skeletons"), ("scenarios", "assess")])
+def test_a_stage_on_an_empty_folder_exits_2_naming_the_stage_to_run_first(
+    tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str], stage: str, earlier: str
+) -> None:
+    assert synth(tmp_path, stage, write_config(tmp_path, llm.url)) == 2
+    assert f"run `synth {earlier}` first" in capsys.readouterr().err and llm.script.count() == 0
+
+
+def test_a_run_where_every_item_failed_exits_3(tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = corpus_of(tmp_path, '{"task_id": "t-down", "task": "Cancel my order 12 and refund it."}')
+    assert synth(tmp_path, "all", write_config(tmp_path, llm.url, corpus=corpus)) == 3
+    captured = capsys.readouterr()
+    assert "themes: none of 1 items was kept; the run stopped there" in captured.err
+    assert "themes: FAILED t-down" in captured.out and "skeletons" not in captured.out  # later stages did not run
+
+
+def test_a_run_where_every_item_was_dropped_exits_3(tmp_path: Path, llm: Running) -> None:
+    corpus = corpus_of(tmp_path, '{"task_id": "t02", "task": "What is the capital of Australia?"}')
+    assert synth(tmp_path, "themes", write_config(tmp_path, llm.url, corpus=corpus)) == 3
+
+
+def test_an_empty_corpus_exits_2(tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    assert synth(tmp_path, "themes", write_config(tmp_path, llm.url, corpus=corpus_of(tmp_path))) == 2
+    assert "the corpus holds no task" in capsys.readouterr().err
+
+
+def test_usage_accumulates_across_resumed_runs(tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    first = '{"task_id": "t01", "task": "Cancel Miso\'s grooming appointment and book a dental cleaning."}'
+    config = write_config(tmp_path, llm.url, corpus=corpus_of(tmp_path, first))
+    assert synth(tmp_path, "themes", config) == 0
+    summary_path = tmp_path / "out" / "_work" / "summary.json"
+    once = json.loads(summary_path.read_text())
+    corpus_of(tmp_path, first, '{"task_id": "t10", "task": "Renew the parking permit of plate KX19 TRV."}')
+    assert synth(tmp_path, "themes", config) == 0  # resumes t01, judges t10
+    twice = json.loads(summary_path.read_text())
+    assert len(twice["runs"]) == 2 and twice["runs"][0] == once["runs"][0]
+    total, first_run, second_run = (twice["cumulative"]["total"], twice["runs"][0]["total"], twice["runs"][1]["total"])
+    assert second_run["requests"] > 0 and twice["total"] == second_run  # the latest run, alone
+    for key in ("requests", "prompt_tokens", "completion_tokens"):
+        assert total[key] == first_run[key] + second_run[key]
+    assert f"all 2 runs into this folder: {total['requests']} requests" in capsys.readouterr().out

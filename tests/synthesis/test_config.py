@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +64,19 @@ def test_the_key_comes_from_the_named_variable_never_the_file(tmp_path: Path) ->
         api_key(config, {})
     keyless = load_config(write_config(tmp_path, "http://llm.test/v1", llm={"api_key_env": ""}))
     assert api_key(keyless, {}) is None
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [("thresholds", "rounds", "16"), ("llm", "timeout", "120"),
+                                                        ("run", "scenarios_per_env", 2.0), ("repair", "remove_unrepaired", "no")])  # fmt: skip
+def test_a_value_of_the_wrong_type_is_an_error_naming_the_key(tmp_path: Path, section: str, key: str, value: object) -> None:
+    sections: dict[str, dict[str, Any]] = {section: {key: value}}
+    path = write_config(tmp_path, "http://llm.test/v1", corpus="tasks.jsonl", **sections)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.field == f"{section}.{key}" and json.dumps(value) in caught.value.message
+
+
+def test_each_role_has_its_own_temperature_and_the_checker_judges_at_zero(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, "http://llm.test/v1", llm={"temperature": 0.9},
+                                      temperatures={"tester": 0.4}))  # fmt: skip
+    assert [config.temperature_for(r) for r in ("generator", "tester", "checker")] == [0.9, 0.4, 0.0]

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from synthesis.answers import parse_init_states
+from synthesis.answers import parse_init_state
 from synthesis.consistency import problems, schema_of
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest
 
@@ -16,14 +16,13 @@ DEFAULTS = {"owners": {}, "pets": {}, "vets": {}, "appointments": {}, "current_d
 SCHEMA = schema_of(CLINIC["code"], CLINIC["class_name"], DEFAULTS)
 
 
-def state(name: str = "assessment", index: int = 0) -> dict[str, Any]:
-    states = parse_init_states(latest(ANSWERS / "clinic_appointments" / "init_states", name), 2 if name == "scenarios" else 1)
-    return copy.deepcopy(states[index].init_config)
+def state(name: str = "assessment") -> dict[str, Any]:
+    return copy.deepcopy(parse_init_state(latest(ANSWERS / "clinic_appointments" / "init_states", name)).init_config)
 
 
 def test_fixture_states_are_consistent() -> None:
     assert problems(state(), SCHEMA) == []
-    assert problems(state("scenarios", 1), SCHEMA) == []
+    assert problems(state("state-02"), SCHEMA) == []
 
 
 def test_schema_reads_record_types_and_id_fields() -> None:
@@ -31,7 +30,7 @@ def test_schema_reads_record_types_and_id_fields() -> None:
 
 
 def test_the_first_bad_answer_of_the_fixture_is_caught() -> None:
-    bad = parse_init_states((ANSWERS / "clinic_appointments" / "init_states" / "scenarios.0.md").read_text(), 2)[1]
+    bad = parse_init_state((ANSWERS / "clinic_appointments" / "init_states" / "state-02.0.md").read_text())
     found = problems(bad.init_config, SCHEMA)
     assert "pets['P006'] has the field 'notes', which PetInfo does not define" in found
     assert 'appointments: pet_id "P009" refers to no entry of pets' in found

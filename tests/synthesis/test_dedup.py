@@ -95,6 +95,30 @@ async def test_distinct_themes_with_the_same_name_get_distinct_ids(contexts: Any
     assert env_ids(ctx) == ["clinic_appointments", "clinic_appointments_2"]
 
 
+ROOM_SERVICE = ("room service orders\nGuests of a hotel order meals to their rooms; staff add items, set quantities, "
+                "deliver and cancel orders.\nThe hotel keeps guests with their room numbers, a menu of dishes with prices "
+                "and availability, and room-service orders with their items, quantities, totals and status (placed, "
+                "preparing, delivered, cancelled). Staff place orders for a room, add or remove menu items, mark orders "
+                "delivered and cancel orders that were not delivered.")  # fmt: skip
+IN_ROOM_DINING = ("in room dining\nTracks in-room dining requests of hotel guests: menu dishes, ordered items and their "
+                  "delivery.\nEach guest stays in a room; the kitchen's menu lists dishes with a price and whether they "
+                  "can be ordered. A dining request belongs to a room and holds dishes with quantities, a total and a "
+                  "state from received through in preparation to delivered, or cancelled. Staff open requests, add "
+                  "dishes, deliver and cancel them.")  # fmt: skip
+
+
 def test_similarity_measures() -> None:
     assert dedup.cosine([1.0, 0.0], [1.0, 0.0]) == 1.0 and dedup.cosine([0.0, 0.0], [1.0, 0.0]) == 0.0
-    assert dedup.jaccard("The blue mugs", "blue mugs!") == 1.0 and dedup.jaccard("", "") == 0.0
+    assert dedup.lexical("The blue mugs", "blue mug!") == pytest.approx(1.0) and dedup.lexical("", "") == 0.0
+    assert dedup.stem("orders") == dedup.stem("ordered") == dedup.stem("ordering") == "order"
+
+
+def test_without_embeddings_paraphrased_themes_are_duplicates_and_distinct_domains_are_not() -> None:
+    from synthesis.config import Thresholds
+
+    threshold = Thresholds().lexical_similarity
+    assert dedup.lexical(ROOM_SERVICE, IN_ROOM_DINING) >= threshold
+    for task in ("t01", "t04", "t09", "t10"):
+        theme = parse_theme(latest(ANSWERS / "corpus" / "theme_judge", task))
+        text = f"{theme.env_id.replace('_', ' ')}\n{theme.summary}\n{theme.introduction}"
+        assert dedup.lexical(ROOM_SERVICE, text) < threshold - 0.1, task

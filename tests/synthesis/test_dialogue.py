@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from synthesis.answers import parse_theme
+from synthesis.cache import ResponseCache
 from synthesis.dialogue import ask
-from synthesis.errors import AnswerRejected
+from synthesis.errors import AnswerRejected, LLMRejected
 from synthesis.llm import LLMClient
 from synthesis.prompts import render
 from synthesis.usage import Ledger
@@ -47,7 +50,7 @@ async def test_reasks_are_bounded_and_the_error_says_what_was_wrong(llm: Running
     assert caught.value.template == "theme_judge" and "invalid JSON" in caught.value.last
 
 
-async def test_a_cut_off_answer_is_reasked_asking_for_brevity(llm: Running) -> None:
+async def test_a_cut_off_answer_is_reasked_with_a_smaller_request_asking_for_brevity(llm: Running) -> None:
     c = client(llm)
     prompt = render("theme_judge", env="unit", item="truncated", task="Refund order 7.")
     try:
@@ -55,8 +58,49 @@ async def test_a_cut_off_answer_is_reasked_asking_for_brevity(llm: Running) -> N
     finally:
         await c.aclose()
     assert theme.env_id == "order_desk"
-    follow_up = llm.script.conversations["unit/theme_judge/truncated"][1][-1]["content"]
+    first, second = llm.script.conversations["unit/theme_judge/truncated"]
+    follow_up = second[-1]["content"]
     assert "not closed" in follow_up and "cut off at the length limit" in follow_up
+    # the cut text is not sent back: the re-ask is the original prompt plus one short request
+    assert second[:-1] == first and all(m["role"] != "assistant" for m in second)
+
+
+async def test_answers_that_never_parse_are_not_replayed_from_the_cache(llm: Running, tmp_path: Path) -> None:
+    config = make_config(llm.url, llm={"max_reasks": 1})
+    prompt = render("theme_judge", env="unit", item="malformed", task="Refund order 7.")
+    for _ in range(2):
+        c = LLMClient(config, Ledger(config.prices), cache=ResponseCache(tmp_path))
+        try:
+            with pytest.raises(AnswerRejected):
+                await ask(c, "generator", prompt, parse_theme, stage="themes")
+        finally:
+            await c.aclose()
+        assert c.ledger.of("themes").cached == 0
+    assert llm.script.count() == 4 and len(ResponseCache(tmp_path)) == 0
+
+
+async def test_prompts_carry_no_routing_text_and_the_label_is_not_part_of_the_cache_key(llm: Running, tmp_path: Path) -> None:
+    config = make_config(llm.url)
+    c = LLMClient(config, Ledger(config.prices), cache=ResponseCache(tmp_path))
+    messages = render("theme_judge", env="unit", item="keep", task="Refund order 7.").messages()
+    assert not any("[request" in m["content"] or "item=" in m["content"] for m in messages)
+    try:
+        first = await c.chat("generator", messages, stage="themes", label="template=theme_judge env=unit item=keep turn=0")
+        again = await c.chat("generator", messages, stage="themes", label="template=theme_judge env=unit item=other turn=0")
+    finally:
+        await c.aclose()
+    assert first.key == again.key and again.cached and llm.script.count() == 1
+
+
+async def test_the_label_header_is_sent_only_when_configured(llm: Running) -> None:
+    config = make_config(llm.url, llm={"label_header": None})
+    c = LLMClient(config, Ledger(config.prices))
+    messages = render("theme_judge", env="unit", item="keep", task="Refund order 7.").messages()
+    try:
+        with pytest.raises(LLMRejected, match="no X-Synth-Label header"):  # the scripted server cannot route it
+            await c.chat("generator", messages, stage="themes", label="template=theme_judge env=unit item=keep turn=0")
+    finally:
+        await c.aclose()
 
 
 async def test_without_reasks_one_bad_answer_is_final(llm: Running) -> None:

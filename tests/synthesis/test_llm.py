@@ -28,10 +28,14 @@ def messages(item: str) -> list[dict[str, str]]:
     return render("theme_judge", env="unit", item=item, task="Change the delivery address of order 1042.").messages()
 
 
+def label(item: str) -> str:
+    return f"template=theme_judge env=unit item={item} turn=0"
+
+
 async def test_retries_429_500_and_a_junk_body_then_answers(llm: Running) -> None:
     c = client(llm, max_attempts=4)
     try:
-        completion = await c.chat("generator", messages("flaky"), stage="themes")
+        completion = await c.chat("generator", messages("flaky"), stage="themes", label=label("flaky"))
     finally:
         await c.aclose()
     assert '"decision": "keep"' in completion.text and completion.finish_reason == "stop"
@@ -44,7 +48,7 @@ async def test_gives_up_after_max_attempts_with_a_clear_error(llm: Running) -> N
     c = client(llm, max_attempts=3)
     try:
         with pytest.raises(LLMGaveUp) as caught:
-            await c.chat("generator", messages("down"), stage="themes")
+            await c.chat("generator", messages("down"), stage="themes", label=label("down"))
     finally:
         await c.aclose()
     assert caught.value.attempts == 3 and llm.script.count("unit/theme_judge/down") == 3
@@ -55,7 +59,7 @@ async def test_gives_up_after_max_attempts_with_a_clear_error(llm: Running) -> N
 async def test_a_slow_answer_times_out_and_is_retried(llm: Running) -> None:
     c = client(llm)
     try:
-        completion = await c.chat("generator", messages("slow"), stage="themes")
+        completion = await c.chat("generator", messages("slow"), stage="themes", label=label("slow"))
     finally:
         await c.aclose()
     assert "order_desk" in completion.text and c.ledger.of("themes").requests == 2
@@ -65,7 +69,7 @@ async def test_a_timeout_on_every_attempt_gives_up_naming_the_timeout(llm: Runni
     c = client(llm, max_attempts=1)
     try:
         with pytest.raises(LLMGaveUp, match=r"no answer within 1 s"):
-            await c.chat("generator", messages("slow"), stage="themes")
+            await c.chat("generator", messages("slow"), stage="themes", label=label("slow"))
     finally:
         await c.aclose()
 
@@ -74,7 +78,7 @@ async def test_a_refused_request_is_not_retried(llm: Running) -> None:
     c = client(llm, max_attempts=5)
     try:
         with pytest.raises(LLMRejected) as caught:
-            await c.chat("generator", messages("no-such-item"), stage="themes")
+            await c.chat("generator", messages("no-such-item"), stage="themes", label=label("no-such-item"))
     finally:
         await c.aclose()
     assert caught.value.status == 404 and llm.script.count() == 1
@@ -83,12 +87,12 @@ async def test_a_refused_request_is_not_retried(llm: Running) -> None:
 async def test_cached_answers_cost_no_request_and_survive_a_new_client(llm: Running, tmp_path: Path) -> None:
     first = client(llm, cache=tmp_path)
     try:
-        answer = await first.chat("generator", messages("keep"), stage="themes")
+        answer = await first.chat("generator", messages("keep"), stage="themes", label=label("keep"))
     finally:
         await first.aclose()
     second = client(llm, cache=tmp_path)
     try:
-        again = await second.chat("generator", messages("keep"), stage="themes")
+        again = await second.chat("generator", messages("keep"), stage="themes", label=label("keep"))
     finally:
         await second.aclose()
     assert again.text == answer.text and again.cached and not answer.cached
@@ -99,9 +103,9 @@ async def test_cached_answers_cost_no_request_and_survive_a_new_client(llm: Runn
 async def test_a_different_prompt_or_model_misses_the_cache(llm: Running, tmp_path: Path) -> None:
     c = client(llm, cache=tmp_path)
     try:
-        await c.chat("generator", messages("keep"), stage="themes")
-        await c.chat("tester", messages("keep"), stage="themes")  # another model
-        await c.chat("generator", messages("keep") + [{"role": "user", "content": "again"}], stage="themes")
+        await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
+        await c.chat("tester", messages("keep"), stage="themes", label=label("keep"))  # another model
+        await c.chat("generator", messages("keep") + [{"role": "user", "content": "again"}], stage="themes", label=label("keep"))
     finally:
         await c.aclose()
     assert llm.script.count() == 3
@@ -110,7 +114,7 @@ async def test_a_different_prompt_or_model_misses_the_cache(llm: Running, tmp_pa
 async def test_identical_requests_in_flight_are_sent_once(llm: Running) -> None:
     c = client(llm)
     try:
-        answers = await asyncio.gather(*(c.chat("generator", messages("concurrent"), stage="themes") for _ in range(3)))
+        answers = await asyncio.gather(*(c.chat("generator", messages("concurrent"), stage="themes", label=label("concurrent")) for _ in range(3)))
     finally:
         await c.aclose()
     assert len({a.text for a in answers}) == 1 and llm.script.count() == 1
@@ -120,8 +124,8 @@ async def test_identical_requests_in_flight_are_sent_once(llm: Running) -> None:
 async def test_usage_and_cost_are_booked_per_stage_and_role(llm: Running) -> None:
     c = client(llm)
     try:
-        await c.chat("generator", messages("keep"), stage="themes")
-        await c.chat("tester", messages("keep"), stage="assess")
+        await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
+        await c.chat("tester", messages("keep"), stage="assess", label=label("keep"))
     finally:
         await c.aclose()
     themes, assess = c.ledger.of("themes"), c.ledger.of("assess")
@@ -134,7 +138,7 @@ async def test_usage_and_cost_are_booked_per_stage_and_role(llm: Running) -> Non
 async def test_the_api_key_is_sent_as_a_bearer_token(llm: Running) -> None:
     c = client(llm, api_key="sk-test-123")
     try:
-        await c.chat("generator", messages("keep"), stage="themes")
+        await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
     finally:
         await c.aclose()
     assert llm.script.authorizations == ["Bearer sk-test-123"]

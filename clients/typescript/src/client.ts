@@ -1,0 +1,263 @@
+/**
+ * The envfoundry REST API v1 over Node's built-in fetch. Types come from schema.d.ts, which is
+ * generated from openapi/openapi.json (`npm run generate`); a test fails when it drifts.
+ */
+import { problemError } from "./problem.js";
+import type { components } from "./schema.js";
+
+type Schemas = components["schemas"];
+export type Health = Schemas["Health"];
+export type EnvironmentList = Schemas["EnvironmentList"];
+export type EnvironmentDetail = Schemas["EnvironmentDetail"];
+export type EnvironmentCreate = Schemas["EnvironmentCreate"];
+export type ScenarioList = Schemas["ScenarioList"];
+export type ScenarioDetail = Schemas["ScenarioDetail"];
+export type ScenarioCreate = Schemas["ScenarioCreate"];
+export type SessionCreate = Schemas["SessionCreate"];
+export type SessionCreated = Schemas["SessionCreated"];
+export type SessionInfo = Schemas["SessionInfo"];
+export type SessionList = Schemas["SessionList"];
+export type ToolList = Schemas["ToolList"];
+export type ToolCallRequest = Schemas["ToolCallRequest"];
+export type CallResult = Schemas["CallResult"];
+export type ForkRequest = Schemas["ForkRequest"];
+export type MessageRequest = Schemas["MessageRequest"];
+export type MessageResult = Schemas["MessageResult"];
+export type Step = Schemas["Step"];
+export type MessageStep = Schemas["MessageStep"];
+export type StateView = Schemas["StateView"];
+export type Trajectory = Schemas["Trajectory"];
+export type Score = Schemas["Score"];
+
+/** One HTTP exchange as the client saw it. */
+export interface Reply {
+  method: string;
+  path: string;
+  status: number;
+  contentType: string;
+  /** Lower-case names; e.g. `idempotent-replayed: true` when a keyed retry got the first answer. */
+  headers: Record<string, string>;
+  body: unknown;
+}
+
+/** Options of the requests that change a session. */
+export interface Once {
+  /** Sent as `Idempotency-Key`: a retry with the same key and body gets the first answer, applied once. */
+  idempotencyKey?: string;
+}
+
+function keyed(once: Once | undefined): Record<string, string> | undefined {
+  return once?.idempotencyKey === undefined ? undefined : { "idempotency-key": once.idempotencyKey };
+}
+
+export interface RequestInit {
+  /** Sent as JSON. */
+  json?: unknown;
+  /** Sent as is (a raw body, e.g. to test how the service treats malformed JSON). */
+  body?: string;
+  headers?: Record<string, string>;
+}
+
+export interface ClientOptions {
+  /** Sent as `Authorization: Bearer <token>` on every request. */
+  token?: string;
+  /** Added to every request. */
+  headers?: Record<string, string>;
+  /** Milliseconds before a request is abandoned (default 120 000: a call may wait for the session's lock). */
+  timeoutMs?: number;
+  /** Sees every exchange: for logging, metrics, or checking the raw status. */
+  onReply?: (reply: Reply) => void;
+  /** A fetch of your own (defaults to the global one). */
+  fetch?: typeof fetch;
+}
+
+export class EnvfoundryClient {
+  readonly baseUrl: string;
+  private readonly options: ClientOptions;
+
+  constructor(baseUrl: string, options: ClientOptions = {}) {
+    this.baseUrl = baseUrl.replace(/\/+$/, "");
+    this.options = options;
+  }
+
+  // -- environments and scenarios ---------------------------------------------------------
+  health(): Promise<Health> {
+    return this.json("GET", "/healthz");
+  }
+
+  /** `{status: "ready"}` while the store and the sandbox answer; 503 `unavailable` otherwise. */
+  ready(): Promise<{ status: string }> {
+    return this.json("GET", "/readyz");
+  }
+
+  listEnvironments(): Promise<EnvironmentList> {
+    return this.json("GET", "/v1/environments");
+  }
+
+  getEnvironment(envId: string): Promise<EnvironmentDetail> {
+    return this.json("GET", `/v1/environments/${seg(envId)}`);
+  }
+
+  /** Add an environment from code; it is validated in the sandbox before it is accepted. */
+  createEnvironment(body: EnvironmentCreate): Promise<EnvironmentDetail> {
+    return this.json("POST", "/v1/environments", { json: body });
+  }
+
+  /** Remove an environment this key's tenant added (scope `admin`); its sessions cannot go on. */
+  async deleteEnvironment(envId: string): Promise<void> {
+    await this.json("DELETE", `/v1/environments/${seg(envId)}`);
+  }
+
+  listScenarios(envId: string): Promise<ScenarioList> {
+    return this.json("GET", `/v1/environments/${seg(envId)}/scenarios`);
+  }
+
+  getScenario(scenarioId: string): Promise<ScenarioDetail> {
+    return this.json("GET", `/v1/scenarios/${seg(scenarioId)}`);
+  }
+
+  createScenario(body: ScenarioCreate): Promise<ScenarioDetail> {
+    return this.json("POST", "/v1/scenarios", { json: body });
+  }
+
+  /** Remove a scenario this key's tenant added (scope `admin`). */
+  async deleteScenario(scenarioId: string): Promise<void> {
+    await this.json("DELETE", `/v1/scenarios/${seg(scenarioId)}`);
+  }
+
+  // -- sessions -----------------------------------------------------------------------------
+  /**
+   * `{scenario_id}` or `{env_id, init_config?}`: the answer carries the task, the rules and the tools.
+   * `n` makes a group from one initial state (`session_ids`); `mode: "conversation"` puts a simulated
+   * user in front of the task (talk to it with `message`).
+   */
+  createSession(body: SessionCreate, once?: Once): Promise<SessionCreated> {
+    return this.json("POST", "/v1/sessions", { json: body, headers: keyed(once) });
+  }
+
+  /** This tenant's live sessions, the next to expire first, a page at a time. */
+  listSessions(page: { offset?: number; limit?: number } = {}): Promise<SessionList> {
+    return this.json("GET", `/v1/sessions${query(page)}`);
+  }
+
+  getSession(sessionId: string): Promise<SessionInfo> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}`);
+  }
+
+  tools(sessionId: string): Promise<ToolList> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/tools`);
+  }
+
+  /**
+   * Call a tool. A tool failure is an answer, not an exception: `ok` is false and `error.type` says
+   * why (`unknown_tool`, `invalid_arguments`, `tool_exception`, `timeout`, ...), and the state is
+   * as before. `args` may be an object or the JSON string an OpenAI tool call carries.
+   */
+  call(sessionId: string, name: string, args: Record<string, unknown> | string = {}, once?: Once): Promise<CallResult> {
+    return this.callWith(sessionId, { name, arguments: args }, once);
+  }
+
+  /** `call` with the request body as the API defines it. */
+  callWith(sessionId: string, body: ToolCallRequest, once?: Once): Promise<CallResult> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/calls`, { json: body, headers: keyed(once) });
+  }
+
+  /** Conversation mode: say something to the simulated user; `done` means it ended the conversation. */
+  message(sessionId: string, content: string, once?: Once): Promise<MessageResult> {
+    return this.messageWith(sessionId, { content }, once);
+  }
+
+  messageWith(sessionId: string, body: MessageRequest, once?: Once): Promise<MessageResult> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/messages`, { json: body, headers: keyed(once) });
+  }
+
+  state(sessionId: string): Promise<StateView> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/state`);
+  }
+
+  /** A page of steps (`offset` 0 and the service's largest page by default) with the whole `total`. */
+  trajectory(sessionId: string, page: { offset?: number; limit?: number } = {}): Promise<Trajectory> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory${query(page)}`);
+  }
+
+  /** Score against the scenario's checks; the session goes on. */
+  score(sessionId: string): Promise<Score> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/score`);
+  }
+
+  /** New, independent sessions (`n`, default 1) with a copy of the state and trajectory. */
+  fork(sessionId: string, body?: ForkRequest, once?: Once): Promise<SessionCreated> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/fork`, { json: body, headers: keyed(once) });
+  }
+
+  async deleteSession(sessionId: string): Promise<void> {
+    await this.json("DELETE", `/v1/sessions/${seg(sessionId)}`);
+  }
+
+  // -- transport ----------------------------------------------------------------------------
+  /**
+   * Send one request and answer what came back, whatever the status.
+   *
+   * @throws TypeError (from fetch) when the server cannot be reached.
+   */
+  async send(method: string, path: string, init: RequestInit = {}): Promise<Reply> {
+    const headers: Record<string, string> = { accept: "application/json, application/problem+json" };
+    if (this.options.token) headers.authorization = `Bearer ${this.options.token}`;
+    Object.assign(headers, this.options.headers, init.headers);
+    let body: string | undefined = init.body;
+    if (init.json !== undefined) {
+      body = JSON.stringify(init.json);
+      headers["content-type"] ??= "application/json";
+    }
+    const doFetch = this.options.fetch ?? fetch;
+    const response = await doFetch(this.baseUrl + path, {
+      method,
+      headers,
+      body,
+      signal: AbortSignal.timeout(this.options.timeoutMs ?? 120_000),
+    });
+    const text = await response.text();
+    const contentType = response.headers.get("content-type") ?? "";
+    const replyHeaders: Record<string, string> = {};
+    response.headers.forEach((value, name) => (replyHeaders[name.toLowerCase()] = value));
+    const reply: Reply = {
+      method, path, status: response.status, contentType, headers: replyHeaders, body: parse(text, contentType),
+    };
+    this.options.onReply?.(reply);
+    return reply;
+  }
+
+  /**
+   * `send`, then the body of a 2xx answer (undefined for 204).
+   *
+   * @throws ProblemError (a subclass per problem type) for any other status.
+   */
+  async json<T>(method: string, path: string, init: RequestInit = {}): Promise<T> {
+    const reply = await this.send(method, path, init);
+    if (reply.status < 200 || reply.status >= 300) throw problemError(reply.status, reply.body);
+    return reply.body as T;
+  }
+}
+
+function query(page: { offset?: number; limit?: number }): string {
+  const params = new URLSearchParams();
+  if (page.offset !== undefined) params.set("offset", String(page.offset));
+  if (page.limit !== undefined) params.set("limit", String(page.limit));
+  return params.size ? `?${params}` : "";
+}
+
+function seg(value: string): string {
+  return encodeURIComponent(value);
+}
+
+function parse(text: string, contentType: string): unknown {
+  if (!text) return undefined;
+  if (/json/i.test(contentType)) {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text;
+    }
+  }
+  return text;
+}
