@@ -48,6 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
           flush=True)
+    print(f"console: http://{settings.host}:{settings.port}/ui/", flush=True)
     uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info",
                 log_config=log_config, access_log=False)
     return 0

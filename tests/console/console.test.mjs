@@ -1,0 +1,216 @@
+// Drives the web console in the system chromium against servers started by tests/test_console.py.
+// Input comes from environment variables (set by that test); prints one line per behaviour checked.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import assert from "node:assert/strict";
+import { chromium } from "playwright-core";
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set (run through tests/test_console.py)`);
+  return value;
+};
+const URL_OPEN = env("CONSOLE_URL");
+const URL_KEYED = env("CONSOLE_KEYED_URL");
+const KEY = env("CONSOLE_KEY");
+const SHOTS = env("CONSOLE_SHOTS");
+const SCENARIO = JSON.parse(env("CONSOLE_SCENARIO"));
+const ROLLOUT = env("CONSOLE_ROLLOUT");
+const SYNTH = env("CONSOLE_SYNTH");
+const HOSTILE = env("CONSOLE_HOSTILE_SCENARIO");
+const USER_LINES = JSON.parse(env("CONSOLE_USER_LINES"));
+const HOSTILE_TEXT = env("CONSOLE_HOSTILE_TEXT");
+
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", args: ["--no-sandbox"] });
+const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+const page = await context.newPage();
+const problems = [];
+page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+page.on("console", (m) => { if (m.type() === "error" && !/401|Unauthorized/.test(m.text())) problems.push(`console: ${m.text()} ${m.location().url}`); });
+page.setDefaultTimeout(15000);
+const shot = async (name, p = page) => {
+  const path = join(SHOTS, `${name}.png`);
+  await p.screenshot({ path, fullPage: true });
+  console.log(`screenshot ${path}`);
+};
+const ok = (text) => console.log(`ok - ${text}`);
+
+try {
+  // Catalog: /ui redirects to /ui/ and lists the bundled environments.
+  await page.goto(`${URL_OPEN}/ui`);
+  assert.ok(page.url().endsWith("/ui/"), `redirected to ${page.url()}`);
+  await page.getByRole("link", { name: SCENARIO.env_id, exact: true }).click();
+  await page.getByRole("heading", { name: "Rules" }).waitFor();
+  assert.ok(await page.locator("section:has(#rules-h) li").count() > 1, "one list item per rule");
+  const toolsHeading = await page.getByRole("heading", { name: /^Tools \(\d+\)$/ }).textContent();
+  assert.ok(Number(toolsHeading.match(/\d+/)[0]) > 0);
+  assert.ok(await page.locator("table.schema").count() > 0, "tool schemas rendered as tables");
+  await shot("01-environment");
+  ok("the catalog lists environments; an environment shows rules, tools with their JSON Schemas and scenarios");
+
+  await page.getByRole("link", { name: SCENARIO.scenario_id, exact: true }).click();
+  await page.getByRole("heading", { name: "Checklist" }).waitFor();
+  assert.equal(await page.locator("section:has(#check-h) li").count(), SCENARIO.checklist.length);
+  assert.ok(await page.locator("section:has(#init-h) details").count() > 0, "initial state is a tree");
+  await shot("02-scenario");
+  ok("a scenario shows its task, initial state tree and checklist");
+
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const sessionId = decodeURIComponent(page.url().split("#/session/")[1]);
+  await page.getByText(`Reward 0.00 (0/${SCENARIO.checklist.length})`).waitFor();
+  ok(`creating a session opens it with score 0 (${sessionId})`);
+
+  // Client-side validation: an empty required field is refused before any call is sent.
+  const first = SCENARIO.reference_solution[0];
+  const firstForm = page.locator(`form[data-tool="${first.name}"]`);
+  await firstForm.getByRole("button").click();
+  await firstForm.getByRole("alert").filter({ hasText: "required" }).waitFor();
+  assert.equal(await page.locator(".timeline > li").count(), 0);
+  ok("a missing required argument is shown on the form and nothing is called");
+
+  for (const [i, step] of SCENARIO.reference_solution.entries()) {
+    const form = page.locator(`form[data-tool="${step.name}"]`);
+    for (const [name, value] of Object.entries(step.arguments)) {
+      await form.getByLabel(new RegExp(`^${name}\\b`)).fill(typeof value === "string" ? value : JSON.stringify(value));
+    }
+    await form.getByRole("button", { name: `Call ${step.name}` }).click();
+    const item = page.locator(".timeline > li").nth(i);
+    await item.waitFor();
+    assert.ok((await item.textContent()).includes(step.name));
+    assert.ok(await item.locator(".diff li").count() > 0, `step ${i} shows a state diff`);
+    ok(`called ${step.name} through its form; the timeline shows step ${i} with a diff`);
+  }
+  const total = SCENARIO.checklist.length;
+  await page.getByText(`Reward 1.00 (${total}/${total})`).waitFor();
+  assert.equal(await page.locator(".score .checks li.passed").count(), total);
+  await shot("03-session-solved");
+  ok("after the reference solution the score panel shows reward 1.00 with every check passed");
+
+  await page.getByRole("button", { name: "Fork" }).click();
+  await page.waitForURL((u) => !u.hash.endsWith(encodeURIComponent(sessionId)) && u.hash.startsWith("#/session/"));
+  const forkId = decodeURIComponent(page.url().split("#/session/")[1]);
+  await page.getByText(`Reward 1.00 (${total}/${total})`).waitFor();
+  await page.getByText(`forked from`).waitFor();
+  assert.equal(await page.locator(".timeline > li").count(), SCENARIO.reference_solution.length);
+  await shot("04-fork");
+  ok(`fork opens the copy (${forkId}) with the same trajectory and score`);
+
+  await page.getByRole("link", { name: "Live sessions" }).click();
+  await page.getByRole("link", { name: forkId }).waitFor();
+  await page.getByRole("link", { name: sessionId }).waitFor();
+  await shot("05-live-sessions");
+  ok("the live-sessions table lists both sessions");
+
+  await page.getByRole("link", { name: forkId }).click();
+  await page.getByRole("button", { name: "Delete" }).click();
+  await page.waitForURL(/#\/sessions$/);
+  await page.getByRole("link", { name: sessionId }).waitFor();
+  assert.equal(await page.getByRole("link", { name: forkId }).count(), 0);
+  ok("delete removes the session and returns to the live-sessions table");
+
+  // Narrow window: the session view reflows without horizontal scrolling.
+  await page.setViewportSize({ width: 360, height: 800 });
+  await page.getByRole("link", { name: sessionId }).click();
+  await page.getByText(`Reward 1.00`).waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 1, `page is ${overflow}px wider than a 360px window`);
+  await shot("06-session-narrow");
+  ok("the session view fits a 360px-wide window");
+  await page.setViewportSize({ width: 1280, height: 900 });
+
+  await page.getByRole("link", { name: "Rollout report" }).click();
+  await page.getByLabel("Rollout file").setInputFiles(ROLLOUT);
+  await page.getByRole("img", { name: "Mean reward per environment" }).waitFor();
+  assert.ok((await page.locator("svg.chart").textContent()).includes(SCENARIO.env_id));
+  assert.ok(await page.locator(".rollouts > li").count() > 0);
+  await page.locator(".rollouts summary").first().click();
+  await page.locator(".rollouts .msg.tool").first().waitFor();
+  await shot("07-rollout");
+  ok("a rollout JSONL shows mean reward per environment as a chart and each trajectory's messages");
+
+  await page.getByRole("link", { name: "Synthesis report" }).click();
+  await page.getByLabel("Output folder").setInputFiles(SYNTH);
+  await page.getByRole("img", { name: "Kept and dropped per stage" }).waitFor();
+  await page.getByRole("img", { name: /Verdicts per environment/ }).waitFor();
+  await shot("08-synthesis");
+  ok("a synth output folder shows per-stage counts and assessment verdicts per environment as charts");
+
+  // Shared references in the state are links that jump to the referenced node.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/fs-001`);
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const ref = page.locator(".state a.ref:visible", { hasText: "→ /root" }).first();
+  await ref.click();
+  assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
+  ok("a {\"$ref\": \"/root\"} in the state is a link that moves focus to the /root node");
+
+  // Conversation mode: the simulated user's opening line, then each exchange, in the panel and the timeline.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/${SCENARIO.scenario_id}`);
+  await page.getByLabel("Mode").selectOption("conversation");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const chat = page.getByRole("list", { name: "conversation" });
+  await chat.getByText(USER_LINES[0]).waitFor();
+  assert.equal(await page.getByText(SCENARIO.task).count(), 0, "the hidden goal is not shown");
+  await page.getByLabel("Message to the user").fill("Which loan would you like to return?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await chat.getByText(USER_LINES[1]).waitFor();
+  await page.locator(".timeline > li.message").first().waitFor();
+  await shot("10-conversation");
+  ok("a conversation session shows the simulated user's opening line and each reply");
+
+  // Arguments are typed by the tool's JSON Schema: an integer field refuses text and fractions, and sends a number.
+  await page.goto(`${URL_OPEN}/ui/#/env/bank_ledger`);
+  await page.locator("section:has(#scen-h) h4 a").first().click();
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.waitForURL(/#\/session\//);
+  const listing = page.locator('form[data-tool="list_transactions"]');
+  await listing.getByLabel(/^account_id\b/).fill("A-none");
+  for (const bad of ["abc", "2.5"]) {
+    await listing.getByLabel(/^limit\b/).fill(bad);
+    await listing.getByRole("button").click();
+    await listing.getByRole("alert").filter({ hasText: "limit: expected an integer" }).waitFor();
+    assert.equal(await listing.getByLabel(/^limit\b/).getAttribute("aria-invalid"), "true");
+  }
+  assert.equal(await page.locator(".timeline > li").count(), 0);
+  await listing.getByLabel(/^limit\b/).fill("3");
+  await listing.getByRole("button").click();
+  await page.locator(".timeline > li").first().waitFor();
+  await page.locator(".timeline > li details").first().click();
+  assert.ok((await page.locator(".timeline > li pre").first().textContent()).includes('"limit": 3'));
+  ok("an integer argument refuses 'abc' and '2.5' on the form and is sent as a JSON number");
+
+  // Environment data is untrusted: markup in a scenario is shown as text, never parsed.
+  await page.goto(`${URL_OPEN}/ui/#/scenario/${HOSTILE}`);
+  await page.getByRole("heading", { name: "Checklist" }).waitFor();
+  await page.getByText(HOSTILE_TEXT).first().waitFor();
+  assert.equal(await page.locator("main img, main script").count(), 0);
+  assert.equal(await page.evaluate(() => window.__pwned ?? null), null);
+  ok("markup in a scenario's task, checklist and state is shown as text");
+
+  // Keyed server: the console asks for a key, a wrong one asks again, the right one opens the catalog.
+  const keyed = await browser.newPage();
+  keyed.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  await keyed.goto(`${URL_KEYED}/ui/`);
+  const dialog = keyed.getByRole("dialog", { name: "API key" });
+  await dialog.waitFor();
+  await shot("09-key-prompt", keyed);
+  await dialog.getByLabel("Key").fill("efk_wrong");
+  await dialog.getByRole("button", { name: "Use key" }).click();
+  await dialog.waitFor();
+  await dialog.getByLabel("Key").fill(KEY);
+  await dialog.getByRole("button", { name: "Use key" }).click();
+  await keyed.getByRole("link", { name: SCENARIO.env_id, exact: true }).waitFor();
+  assert.equal(await keyed.evaluate(() => sessionStorage.getItem("envfoundry.key")), KEY);
+  ok("a keyed server prompts for a key, prompts again after a 401, and works with the right key");
+
+  assert.deepEqual(problems, []);
+  ok("no script errors in the page");
+} catch (error) {
+  await shot("failure").catch(() => {});
+  console.error(problems.join("\n"));
+  throw error;
+} finally {
+  await browser.close();
+}
