@@ -6,14 +6,11 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 from tests.service.test_api import state
 
 pytestmark = pytest.mark.redis
@@ -33,20 +30,6 @@ class Counter:
         return self.count
 '''
 
-
-@pytest.fixture
-def replicas(redis_url: str, tmp_path: Path) -> Iterator[tuple[Server, Server]]:
-    prefix = f"eftest-{secrets.token_hex(4)}"
-    env = {"ENVFOUNDRY_KEY_PREFIX": prefix}
-    first = start_server(tmp_path, redis_url=redis_url, extra_env=env)
-    second = start_server(tmp_path, redis_url=redis_url, extra_env=env)
-    yield first, second
-    first.stop()
-    second.stop()
-    raw = redis.Redis.from_url(redis_url)
-    keys = list(raw.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        raw.delete(*keys)
 
 
 def test_a_call_cut_off_by_kill_9_is_applied_once_on_the_retry(replicas: tuple[Server, Server]) -> None:

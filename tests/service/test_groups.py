@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 from tests.service.test_api import call, new_session, problem, state
 
 
@@ -114,20 +111,6 @@ def test_a_malformed_idempotency_key_is_refused(client: httpx.Client) -> None:
     assert "Idempotency-Key" in body["detail"]
     assert state(client, sid)["step"] == 0
 
-
-@pytest.fixture
-def replicas(redis_url: str, tmp_path: Path) -> Iterator[tuple[Server, Server]]:
-    prefix = f"eftest-{secrets.token_hex(4)}"
-    env = {"ENVFOUNDRY_KEY_PREFIX": prefix}
-    first = start_server(tmp_path, redis_url=redis_url, extra_env=env)
-    second = start_server(tmp_path, redis_url=redis_url, extra_env=env)
-    yield first, second
-    first.stop()
-    second.stop()
-    raw = redis.Redis.from_url(redis_url)
-    keys = list(raw.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        raw.delete(*keys)
 
 
 @pytest.mark.redis
