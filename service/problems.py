@@ -186,8 +186,19 @@ def announced_retry(exc: BaseException | None) -> float | None:
     return None
 
 
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+# Where a value came from: the name alone says which field (a header keeps its own name).
+SOURCES = frozenset({"body", "query", "header", "path", "cookie"})
+
+
+def _field(error: dict[str, Any]) -> str:
+    """The dotted name of the field an error is about; 'body' when the body is not JSON at all."""
+    if error.get("type") == "json_invalid":
+        return "body"  # its loc is a character position, not a field
+    loc = list(error.get("loc", ()))
+    if loc and loc[0] in SOURCES:
+        loc = loc[1:]
+    # pydantic names the member of a union it tried ('dict[str,any]', 'function-after[...]'): not a field
+    parts = [str(p) for p in loc if not (isinstance(p, str) and "[" in p)]
     return ".".join(parts) or "body"
 
 
@@ -210,7 +221,7 @@ def install(app: FastAPI) -> None:
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # A body can fail in millions of places; the answer names the first few, never echoes input.
         raw = exc.errors()
-        errors = [{"field": _field(e.get("loc", ()))[:200], "message": str(e.get("msg", ""))[:500]}
+        errors = [{"field": _field(e)[:200], "message": str(e.get("msg", ""))[:500]}
                   for e in raw[:MAX_ERRORS]]
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         detail = f"{first['field']}: {first['message']}"

@@ -395,3 +395,18 @@ def test_a_full_sandbox_answers_503_and_applies_nothing(tmp_path: Any) -> None:
             assert call(http, other, "increment")["step"] == 1
     finally:
         server.stop()
+
+
+def test_422s_name_the_field_as_a_client_wrote_it(client: httpx.Client) -> None:
+    sid = new_session(client, env_id="probe")
+    not_json = client.post(f"/v1/sessions/{sid}/calls", content=b'{"name": "increment", ',
+                           headers={"content-type": "application/json"})
+    assert problem(not_json, 422, "invalid-request")["errors"][0]["field"] == "body"
+    keyed = client.post(f"/v1/sessions/{sid}/calls", json={"name": "increment"}, headers={"Idempotency-Key": "x" * 300})
+    assert problem(keyed, 422, "invalid-request")["errors"][0]["field"] == "Idempotency-Key"
+    paged = client.get(f"/v1/sessions/{sid}/trajectory", params={"limit": 0})
+    assert problem(paged, 422, "invalid-request")["errors"][0]["field"] == "limit"
+    typed = problem(client.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": 5}), 422,
+                    "invalid-request")
+    assert {e["field"] for e in typed["errors"]} <= {"arguments", "arguments.str"}
+    assert all("[" not in e["field"] for e in typed["errors"])
