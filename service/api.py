@@ -109,7 +109,8 @@ async def list_environments(who: Principal = Run, reg: Registry = Depends(regist
 
 def _env_detail(env: Any) -> schemas.EnvironmentDetail:
     return schemas.EnvironmentDetail(env_id=env.env_id, class_name=env.class_name, summary=env.summary,
-                                     introduction=env.introduction, rules=env.rules, tools=env.tools)
+                                     introduction=env.introduction, rules=env.rules, tools=env.tools,
+                                     source=env.code, provenance=env.provenance)
 
 
 @router.get("/v1/environments/{env_id}", response_model=schemas.EnvironmentDetail, tags=["environments"])

@@ -135,6 +135,7 @@ class Environment:
     rules: list[str] = field(default_factory=list)
     tool_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
+    provenance: dict[str, Any] | None = None  # what synthesis recorded (its assessment), when it made the package
 
     @property
     def code_hash(self) -> str:
@@ -161,6 +162,8 @@ class Environment:
         }
         if self.tool_overrides:
             data["tools"] = self.tool_overrides
+        if self.provenance:
+            data["provenance"] = self.provenance
         return data
 
 
@@ -338,6 +341,8 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
     except CatalogError as exc:
         exc.path = str(code_path)
         raise
+    if isinstance(manifest.get("provenance"), dict):
+        env.provenance = manifest["provenance"]
     scenarios: list[Scenario] = []
     problems: list[str] = []
     scen_path = folder / "scenarios.jsonl"

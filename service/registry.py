@@ -192,4 +192,5 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         rules=list(data.get("rules", [])),
         tool_overrides=data.get("tools") or {},
         tools=data["analysed_tools"],
+        provenance=data.get("provenance"),
     )

@@ -38,6 +38,10 @@ class EnvironmentDetail(BaseModel):
     introduction: str
     rules: list[str]
     tools: list[dict[str, Any]] = Field(description="OpenAI function-calling tool schemas.")
+    source: str = Field(description="The class source (it runs only in sandbox workers).")
+    provenance: dict[str, Any] | None = Field(
+        default=None, description="What synthesis recorded about the environment (its assessment), if it made it."
+    )
 
 
 # Bounds on what clients submit; each is named in the 422 that enforces it.

@@ -1,6 +1,7 @@
 // The catalog, session and live-sessions views, all over the public v1 API.
 import { del, get, post } from "./api.js";
 import { errorBox, h, json, status, tree } from "./dom.js";
+import { highlight } from "./highlight.js";
 import { fn, toolCard, toolForm } from "./schema.js";
 
 const enc = encodeURIComponent;
@@ -20,7 +21,7 @@ export async function environmentView(main, envId) {
   const [env, { scenarios }] = await Promise.all([get(`/v1/environments/${enc(envId)}`),
     get(`/v1/environments/${enc(envId)}/scenarios`)]);
   main.append(h("h2", {}, env.env_id), h("p", {}, env.summary),
-    h("p", { class: "muted" }, `Class ${env.class_name}. The class source is not part of the public API.`),
+    h("p", { class: "muted" }, `Class ${env.class_name}.`),
     h("section", { "aria-labelledby": "intro-h" }, h("h3", { id: "intro-h" }, "Introduction"), h("p", { class: "prose" }, env.introduction)),
     h("section", { "aria-labelledby": "rules-h" }, h("h3", { id: "rules-h" }, "Rules"),
       h("ul", {}, (Array.isArray(env.rules) ? env.rules : [env.rules]).map((r) => h("li", {}, r)))),
@@ -28,7 +29,22 @@ export async function environmentView(main, envId) {
       h("ul", { class: "cards" }, scenarios.map((s) => h("li", {},
         h("h4", {}, h("a", { href: `#/scenario/${enc(s.scenario_id)}` }, s.scenario_id)), h("p", {}, s.task))))),
     h("section", { "aria-labelledby": "tools-h" }, h("h3", { id: "tools-h" }, `Tools (${env.tools.length})`),
-      env.tools.map(toolCard)));
+      env.tools.map(toolCard)),
+    env.provenance ? provenanceSection(env.provenance) : null,
+    h("section", { "aria-labelledby": "source-h" }, h("h3", { id: "source-h" }, "Class source"),
+      h("details", { class: "source" }, h("summary", {}, `${env.class_name} (${env.source.split("\n").length} lines)`),
+        h("pre", {}, h("code", { class: "python" }, highlight(env.source))))));
+}
+
+// What synthesis recorded: its assessment of the tools, and what it repaired or removed.
+function provenanceSection(provenance) {
+  const a = provenance.assessment ?? {};
+  const row = (name, value) => h("tr", {}, h("th", { scope: "row" }, name), h("td", {}, value));
+  const counts = (c) => Object.entries(c ?? {}).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+  return h("section", { "aria-labelledby": "prov-h" }, h("h3", { id: "prov-h" }, "Assessment (from synthesis)"),
+    h("table", {}, h("tbody", {}, row("Rounds", String(a.rounds ?? "?")), row("Verdicts", counts(a.counts)),
+      row("Before repair", counts(a.first_counts)), row("Repaired tools", (a.repaired ?? []).join(", ") || "none"),
+      row("Removed tools", (a.removed ?? []).join(", ") || "none"), row("Ratio", String(a.ratio ?? "?")))));
 }
 
 async function startSession(scenarioId, mode, out) {

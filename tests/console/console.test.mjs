@@ -45,8 +45,14 @@ try {
   const toolsHeading = await page.getByRole("heading", { name: /^Tools \(\d+\)$/ }).textContent();
   assert.ok(Number(toolsHeading.match(/\d+/)[0]) > 0);
   assert.ok(await page.locator("table.schema").count() > 0, "tool schemas rendered as tables");
+  await page.locator("details.source summary").click();
+  const source = page.locator("details.source code.python");
+  const sourceText = await source.textContent();
+  assert.ok(/class \w+/.test(sourceText) && sourceText.includes("def "), "the class source is shown");
+  assert.ok(await source.locator("span.tok-kw").count() > 10, "Python keywords are highlighted");
+  assert.ok(await source.locator("span.tok-str").count() > 0, "strings are highlighted");
   await shot("01-environment");
-  ok("the catalog lists environments; an environment shows rules, tools with their JSON Schemas and scenarios");
+  ok("the catalog lists environments; an environment shows rules, tools with their JSON Schemas, scenarios and its highlighted class source");
 
   await page.getByRole("link", { name: SCENARIO.scenario_id, exact: true }).click();
   await page.getByRole("heading", { name: "Checklist" }).waitFor();
@@ -144,6 +150,13 @@ try {
   await ref.click();
   assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
   ok("a {\"$ref\": \"/root\"} in the state is a link that moves focus to the /root node");
+
+  // What synthesis recorded about an environment is shown on its page.
+  await page.goto(`${URL_OPEN}/ui/#/env/file_system`);
+  await page.getByRole("heading", { name: "Assessment (from synthesis)" }).waitFor();
+  const provenance = await page.locator("section:has(#prov-h) table").textContent();
+  assert.ok(provenance.includes("chmod") && provenance.includes("make_dir") && provenance.includes("fail 3"), provenance);
+  ok("an environment's assessment provenance (verdicts before and after repair, repaired and removed tools) is shown");
 
   // Conversation mode: the simulated user's opening line, then each exchange, in the panel and the timeline.
   await page.goto(`${URL_OPEN}/ui/#/scenario/${SCENARIO.scenario_id}`);

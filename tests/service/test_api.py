@@ -410,3 +410,27 @@ def test_422s_name_the_field_as_a_client_wrote_it(client: httpx.Client) -> None:
                     "invalid-request")
     assert {e["field"] for e in typed["errors"]} <= {"arguments", "arguments.str"}
     assert all("[" not in e["field"] for e in typed["errors"])
+
+
+def test_environment_detail_has_the_source_and_what_synthesis_recorded(client: httpx.Client) -> None:
+    detail = client.get("/v1/environments/library_circulation").json()
+    assert "class LibraryCirculationSystem" in detail["source"] and detail["provenance"] is None
+
+
+def test_a_package_provenance_is_served(tmp_path: Any) -> None:
+    import shutil
+
+    from tests.conftest import BUNDLED, start_server
+
+    package = tmp_path / "cat" / "lib"
+    shutil.copytree(BUNDLED / "library_circulation", package)
+    manifest = json.loads((package / "env.json").read_text())
+    manifest["provenance"] = {"assessment": {"rounds": 30, "counts": {"pass": 29, "warning": 1}, "removed": ["x"]}}
+    (package / "env.json").write_text(json.dumps(manifest))
+    server = start_server(tmp_path, catalogs=(tmp_path / "cat",))
+    try:
+        with server.client() as http:
+            detail = http.get("/v1/environments/library_circulation").json()
+        assert detail["provenance"] == manifest["provenance"]
+    finally:
+        server.stop()

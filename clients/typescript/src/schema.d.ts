@@ -390,8 +390,20 @@ export interface components {
             env_id: string;
             /** Introduction */
             introduction: string;
+            /**
+             * Provenance
+             * @description What synthesis recorded about the environment (its assessment), if it made it.
+             */
+            provenance?: {
+                [key: string]: unknown;
+            } | null;
             /** Rules */
             rules: string[];
+            /**
+             * Source
+             * @description The class source (it runs only in sandbox workers).
+             */
+            source: string;
             /** Summary */
             summary: string;
             /**

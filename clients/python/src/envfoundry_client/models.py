@@ -48,11 +48,14 @@ class Environment:
     introduction: str
     rules: list[str]
     tools: list[JSON] = field(repr=False)
+    source: str = field(default="", repr=False)
+    provenance: JSON | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, body: JSON) -> Environment:
         return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), str(body["introduction"]),
-                   [str(r) for r in body["rules"]], list(body["tools"]))
+                   [str(r) for r in body["rules"]], list(body["tools"]), str(body.get("source", "")),
+                   body.get("provenance"))
 
 
 @dataclass(frozen=True)
