@@ -184,7 +184,7 @@ async def delete_scenario(scenario_id: str, who: Principal = Admin, reg: Registr
 
 
 # -- sessions -------------------------------------------------------------------------------
-def _created(created: Created) -> dict[str, Any]:
+def created_body(created: Created) -> dict[str, Any]:
     meta = created.meta
     conversation = meta.mode == "conversation"
     return schemas.SessionCreated(
@@ -231,7 +231,7 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
     n = _group_size(body.n, request)
 
     async def run() -> dict[str, Any]:
-        return _created(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
+        return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
                                             tenant=who.tenant))
 
     return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
@@ -317,7 +317,7 @@ async def fork_session(session_id: str, request: Request, response: Response,
     n = _group_size(body.n if body else 1, request)
 
     async def run() -> dict[str, Any]:
-        return _created(await engine.fork(session_id, n=n, tenant=who.tenant))
+        return created_body(await engine.fork(session_id, n=n, tenant=who.tenant))
 
     return await _once(request, response, key, "fork", {"session_id": session_id, "n": n}, run, who.tenant)
 

@@ -40,7 +40,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from service import idempotency
-from service.api import _created as created_view
+from service.api import created_body as created_view
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.auth import Principal
 from service.problems import InvalidRequest, ServiceError, problem_response, problem_type

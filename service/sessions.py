@@ -204,7 +204,7 @@ class Sessions:
                 env = await self.environment_of(snap)
                 async with self._sandbox_slot(tenant):
                     arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
-                record = self._bounded(_step_record(snap.meta.step + 1, name, arguments, outcome))
+                record = _step_record(snap.meta.step + 1, name, arguments, outcome)
                 await self._commit(snap, outcome.state, record, key=key, print_=print_)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
@@ -253,13 +253,15 @@ class Sessions:
             raise LimitExceeded(f"the session has reached {self.limits.max_steps} steps, its limit; fork or start a "
                                 "new session", limit="max_steps", value=self.limits.max_steps)
 
-    def _bounded(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A step record within max_record_bytes: a diff too large to keep is summarised, never the result."""
-        size = len(json.dumps(record, ensure_ascii=False))
-        if size > self.limits.max_record_bytes:
+    def _encoded(self, record: dict[str, Any]) -> str:
+        """The record as stored, within max_record_bytes: a diff too large to keep is summarised, never the
+        result (the record is encoded once; a second time only when it is cut)."""
+        text = json.dumps(record)
+        if len(text) > self.limits.max_record_bytes and record.get("kind") == "call":
             record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
-                              "bytes": len(json.dumps(record["diff"], ensure_ascii=False))}
-        return record
+                              "bytes": len(json.dumps(record["diff"]))}
+            text = json.dumps(record)
+        return text
 
     @asynccontextmanager
     async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
@@ -294,7 +296,7 @@ class Sessions:
                       print_: str, done: bool = False) -> None:
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
-        committed = await self._store(self.store.commit(session_id, snap.meta.step, state, json.dumps(record),
+        committed = await self._store(self.store.commit(session_id, snap.meta.step, state, self._encoded(record),
                                                         done=done, idempotency=remembered, tenant=snap.meta.tenant))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
