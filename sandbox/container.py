@@ -41,7 +41,8 @@ MUX_HEADER = struct.Struct(">BxxxI")
 STDOUT = 1
 # What the sandbox image holds; its digest is baked into the image as a label.
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
-                 "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py")
+                 "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
+                 "parts.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -151,7 +152,8 @@ class DockerBackend:
             container = self.client.containers.create(
                 self.image,
                 command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),
-                         "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes)],
+                         "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes),
+                         "--residents", str(limits.residents)],
                 name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
                 labels=self._labels(),
                 stdin_open=True,

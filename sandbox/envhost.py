@@ -11,10 +11,8 @@ Standard library only.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import functools
-import inspect
 import json
 import linecache
 import os
@@ -27,16 +25,12 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import channel, codec, seccomp, view
+from sandbox import channel, codec, seccomp
 from sandbox.contain import die_with_parent
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
-    INVALID_ARGUMENTS,
-    RESOURCE_LIMIT,
     SANDBOX_ERROR,
     TIMEOUT,
-    TOOL_EXCEPTION,
-    UNKNOWN_TOOL,
     CappedOutput,
     Deadline,
     Failure,
@@ -51,21 +45,7 @@ from sandbox.forks import (
     reap,
     spawn_spare,
 )
-
-
-def public_state(instance: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
-
-
-def instantiate(cls: type, init_config: dict[str, Any]) -> Any:
-    """EnvScaler's convention, kept exactly for compatibility with its released data."""
-    try:
-        instance = cls(init_config)
-    except TypeError:
-        instance = cls()
-    for key, value in init_config.items():
-        setattr(instance, key, value)
-    return instance
+from sandbox.resident import LiveSession, instantiate, public_state, resolver
 
 
 def module_name(key: str) -> str:
@@ -172,7 +152,7 @@ class EnvHost:
                     channel.send(sock, {"status": status})
             if self.spare is None:  # between requests, off the caller's clock
                 try:
-                    self.spare = spawn_spare(self.runner, self.limits)
+                    self.spare = spawn_spare(self.runner, self.limits, self.live)
                 except Failure:
                     pass  # the next "spare" reports why
 
@@ -180,7 +160,7 @@ class EnvHost:
         spare, self.spare = self.spare, None
         if spare is None:
             try:
-                spare = spawn_spare(self.runner, self.limits)
+                spare = spawn_spare(self.runner, self.limits, self.live)
             except Failure as exc:
                 # Out of processes: something this environment started holds them. The worker
                 # must be replaced; nothing else frees them.
@@ -201,100 +181,20 @@ class EnvHost:
             return functools.partial(_run_check, self.module, request)
         raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
 
+    def live(self, request: dict[str, Any]) -> LiveSession:
+        """The instance a session's resident process serves (built in the fork, from its first request)."""
+        return LiveSession(self.module, self.cls)
+
     def _init_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        module, cls = self.module, self.cls
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-
-        def run() -> dict[str, Any]:
-            try:
-                instance = instantiate(cls, request.get("init_config") or {})
-            except BaseException as exc:
-                raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
-            state = _encode(public_state(instance), module.__name__, max_state)
-            return {"state": state}
-
-        return run
+        return lambda: LiveSession(self.module, self.cls).handle(request)[0]
 
     def _call_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        module, cls = self.module, self.cls
-        max_state = int(request.get("max_state_bytes", 1 << 24))
-        max_result = int(request.get("max_result_bytes", 1 << 20))
-
-        def run() -> dict[str, Any]:
-            before_text: str = request["state"]
-            before = json.loads(before_text)
-            factory: Any = cls  # restore without __init__: the state is already built
-            instance = factory.__new__(factory)
-            instance.__dict__.update(codec.decode(before, _resolver(module)))
-            method = _tool(cls, instance, request["name"])
-            arguments = request.get("arguments") or {}
-            try:
-                inspect.signature(method).bind(**arguments)
-            except TypeError as exc:
-                raise Failure(INVALID_ARGUMENTS, f"{request['name']}: {exc}") from None
-            try:
-                result = method(**arguments)
-                if inspect.iscoroutine(result):  # an async tool: run it to completion here
-                    result = asyncio.run(result)
-            except Interrupt:
-                raise
-            except MemoryError:
-                raise Failure(RESOURCE_LIMIT, "the tool ran out of memory") from None
-            except BaseException as exc:
-                raise Failure(TOOL_EXCEPTION, describe(exc)) from None
-            result_view = view.view(result)
-            result_text = json.dumps(result_view, ensure_ascii=False)
-            if len(result_text.encode()) > max_result:
-                raise Failure(
-                    RESOURCE_LIMIT, f"the tool's result is {len(result_text.encode())} bytes, over the {max_result} byte limit"
-                )
-            after_text = _encode(public_state(instance), module.__name__, max_state)
-            if after_text == before_text:
-                return {"ok": True, "result": result_view, "error": None, "state": None, "diff": view.diff({}, {})}
-            change = view.diff(view.view_encoded(before), view.view_encoded(json.loads(after_text)))
-            return {"ok": True, "result": result_view, "error": None, "state": after_text, "diff": change}
-
-        return run
-
-
-def _encode(state: dict[str, Any], module_name: str, limit: int) -> str:
-    try:
-        text = codec.encode_state(state, module_name)
-    except codec.CodecError as exc:
-        raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
-    size = len(text.encode())
-    if size > limit:
-        raise Failure(RESOURCE_LIMIT, f"the state would be {size} bytes, over the {limit} byte limit")
-    return text
-
-
-def _resolver(module: types.ModuleType) -> Callable[[str], Any]:
-    def resolve(qualname: str) -> Any:
-        target: Any = module
-        for part in qualname.split("."):
-            target = getattr(target, part)
-        return target
-
-    return resolve
-
-
-def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
-    if not isinstance(name, str) or name.startswith("_"):
-        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}")
-    try:
-        attribute = inspect.getattr_static(cls, name)
-    except AttributeError:
-        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}") from None
-    if isinstance(attribute, (property, type)) or not (
-        callable(attribute) or isinstance(attribute, (staticmethod, classmethod))
-    ):
-        raise Failure(UNKNOWN_TOOL, f"{name!r} is not a tool")
-    return getattr(instance, name)  # type: ignore[no-any-return]
+        return lambda: LiveSession(self.module, self.cls).handle(request)[0]
 
 
 def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, Any]:
     index, source = int(request["index"]), str(request["source"])
-    resolve = _resolver(module)
+    resolve = resolver(module)
     final = codec.decode(json.loads(request["state"]), resolve)
     initial = codec.decode(json.loads(request["initial"]), resolve)
     namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": f"check_{index}", "initial_state": initial}

@@ -11,6 +11,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -23,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, NoReturn, Protocol
 
 from sandbox import contain, protocol, seccomp
 
@@ -143,11 +144,14 @@ class Spare:
     answer_fd: int
 
 
-def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]]], limits: WorkerLimits) -> Spare:
+def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]]], limits: WorkerLimits,
+                resident: Callable[[dict[str, Any]], Session] | None = None) -> Spare:
     """Fork now, while nothing waits, so the next request skips the fork.
 
     The fork is a copy of a process that runs no environment code between requests, so it is
-    the same fork a request would have made; it reads one request, runs it, answers, and exits.
+    the same fork a request would have made. It reads one request; a request for a session (with
+    ``resident``) makes it that session's live process (see ``serve_session``), any other it runs,
+    answers, and exits.
     """
     request_read, request_write = os.pipe()
     answer_read, answer_write = os.pipe()
@@ -164,11 +168,14 @@ def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]
             os._exit(1)
         os.setpgid(0, 0)  # a group of its own at once: the host's ``kill(0, ...)`` must not reach it
         close_inherited(keep=(request_read, answer_write))
-        with os.fdopen(request_read, "rb") as source:
-            try:
-                request = protocol.read_frame(source)
-            except protocol.ProtocolError:
-                os._exit(0)
+        source = os.fdopen(request_read, "rb")
+        try:
+            request = protocol.read_frame(source)
+        except protocol.ProtocolError:
+            os._exit(0)
+        if resident is not None and isinstance(request.get("session"), str):
+            serve_session(resident(request), request, source, answer_write, limits)
+        source.close()
         # the host's signal filter holds here already: none to add on the call's clock
         _child(make_run(request), answer_write, float(request.get("timeout", DEFAULT_TIMEOUT)), limits,
                restrict_signals=False)
@@ -177,11 +184,52 @@ def spawn_spare(make_run: Callable[[dict[str, Any]], Callable[[], dict[str, Any]
     return Spare(pid, request_write, answer_read)
 
 
-def read_answer(answer_fd: int, deadline: float, cap: int) -> tuple[dict[str, Any] | None, str]:
+class Session(Protocol):
+    """A session's live environment instance, as its resident process serves it."""
+
+    def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The answer to ``request`` and whether this process may serve the session's next one
+        (False once anything may have changed the instance without the change being answered)."""
+        ...
+
+
+def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, answer_fd: int,
+                  limits: WorkerLimits) -> NoReturn:
+    """Serve one session's requests in this process until the worker ends it or a request fails.
+
+    The instance stays live between requests, so a call neither decodes the state nor forks.
+    Limits are those of a call fork; the CPU limit is renewed for each request, and the process
+    offers itself first to the kernel's OOM killer (a resident is only a cache of stored state).
+    """
+    try:
+        os.setpgid(0, 0)
+        _detach_standard_streams()
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass
+    while True:
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        try:
+            _set_call_limits(timeout, limits, renew=True)
+        except (OSError, ValueError):
+            os._exit(1)
+        payload, keep = _answer(functools.partial(session.handle, request), limits)
+        _write_all(answer_fd, payload)
+        if not keep:
+            os._exit(0)
+        try:
+            request = protocol.read_frame(source)
+        except protocol.ProtocolError:
+            os._exit(0)
+
+
+def read_answer(answer_fd: int, deadline: float, cap: int, *, keep_open: bool = False) -> tuple[dict[str, Any] | None, str]:
     """Read a fork's length-prefixed answer (from any process holding the pipe's read end).
 
     Returns the answer and ``"done"``, or None and why not: ``"timeout"``, ``"too_big"`` or
     ``"ended"`` (the pipe closed first: the fork died, exited, or closed it and may run on).
+    ``keep_open`` leaves the descriptor open (a resident's next answer comes on it).
     """
     buffer = bytearray()
     expected: int | None = None
@@ -202,8 +250,11 @@ def read_answer(answer_fd: int, deadline: float, cap: int) -> tuple[dict[str, An
                 if expected > cap:
                     return None, "too_big"
     finally:
-        os.close(answer_fd)
-    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:ANSWER_HEADER.size + expected]))
+        if not keep_open:
+            os.close(answer_fd)
+    if len(buffer) != ANSWER_HEADER.size + expected:
+        return None, "ended"  # more than one answer: not a process following the protocol
+    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:]))
     if not isinstance(answer, dict):
         return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
     return answer, "done"
@@ -254,17 +305,28 @@ def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap:
     return _death(status)
 
 
-def _set_call_limits(timeout: float, limits: WorkerLimits) -> None:
+def _set_call_limits(timeout: float, limits: WorkerLimits, renew: bool = False) -> None:
+    """Limits of one call. ``renew``: for a resident's next call, so hard limits stay where they
+    were (they cannot go back up) and CPU time counts from what the process has used so far."""
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    cpu = int(timeout) + 2
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if renew:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        cpu = int(used.ru_utime + used.ru_stime) + int(timeout) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(cpu, hard), hard))
+    else:
+        cpu = int(timeout) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     if limits.processes == 0:
         # Counted per uid, so any value at or below the processes already running forbids a fork.
         resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     elif limits.dedicated_uid:
         allowed = _processes_of(os.getuid()) + limits.processes
-        resource.setrlimit(resource.RLIMIT_NPROC, (allowed, allowed))
+        _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        if hard != resource.RLIM_INFINITY:
+            allowed = min(allowed, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (allowed, allowed if not renew else hard))
     # (with a shared uid and extra processes allowed, the container's pids limit is the bound)
 
 
@@ -281,19 +343,32 @@ def _processes_of(uid: int) -> int:
 
 
 def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits,
-           restrict_signals: bool = True) -> None:
+           restrict_signals: bool = True) -> NoReturn:
     close_inherited(keep=(write_fd,))
-    output = CappedOutput(limits.output_bytes)
-    printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
     try:
         os.setpgid(0, 0)
         _detach_standard_streams()
         if limits.filtered and restrict_signals:
             seccomp.own_group_signals_only()
         _set_call_limits(timeout, limits)
+    except BaseException as exc:
+        payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
+    else:
+        payload, _ = _answer(lambda: (run(), False), limits)
+    _write_all(write_fd, payload)
+    os._exit(0)
+
+
+def _answer(run: Callable[[], tuple[dict[str, Any], bool]], limits: WorkerLimits) -> tuple[bytes, bool]:
+    """Run environment code with capped output; its answer as JSON bytes, and whether ``run``
+    said the process may go on (never after a failure that escaped it)."""
+    output = CappedOutput(limits.output_bytes)
+    printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
+    keep = False
+    try:
         sys.stdout = sys.stderr = output
         try:
-            answer = run()
+            answer, keep = run()
         except OutputLimit:
             answer = {"error": printed_too_much}
         except Failure as exc:
@@ -301,19 +376,24 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
         except MemoryError:
             answer = {"error": error(RESOURCE_LIMIT, "out of memory")}
         if output.exceeded:
-            answer = {"error": printed_too_much}
+            answer, keep = {"error": printed_too_much}, False
         try:
             payload = json.dumps(answer, ensure_ascii=False).encode()
         except UnicodeEncodeError:
             payload = json.dumps({"error": error(
                 TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()
+            keep = False
     except BaseException as exc:  # last resort: the fork must always answer or die
         payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
+        keep = False
+    return payload, keep
+
+
+def _write_all(fd: int, payload: bytes) -> None:
     view = memoryview(ANSWER_HEADER.pack(len(payload)) + payload)
     while view:
-        written = os.write(write_fd, view)
+        written = os.write(fd, view)
         view = view[written:]
-    os._exit(0)
 
 
 def _detach_standard_streams() -> None:

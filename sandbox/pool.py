@@ -12,10 +12,13 @@ import asyncio
 import itertools
 import json
 import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import protocol, view
+from sandbox import protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
@@ -25,10 +28,14 @@ GUARD_MARGIN = 5.0
 # Memory a worker may use beyond the per-call limit (itself, its environment hosts, the fork's
 # copy): the size of its memory cgroup or container is ``memory_mb`` plus this.
 WORKER_MEMORY_OVERHEAD_MB = 128
+# A request for a session whose worker is busy waits this long for it before taking another free
+# worker (where the session's state must then be decoded again).
+STEAL_AFTER = 0.05
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
 CALL_ERRORS = frozenset(
     {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
 )
+NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Limits:
     output_bytes: int = 1 << 20
     result_bytes: int = 1 << 20
     state_bytes: int = 16 << 20
+    residents: int = 32  # live sessions each worker keeps (see sandbox.runtime)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,13 @@ class Worker:
 
 
 @dataclass
+class _Waiter:
+    future: asyncio.Future[Worker]
+    prefer: int | None  # the slot of the worker holding the request's session live
+    since: float
+
+
+@dataclass
 class CallOutcome:
     ok: bool
     result: Any
@@ -113,7 +128,12 @@ class WorkerPool:
         self.acquire_timeout = acquire_timeout
         self.containment: dict[str, Any] = {}
         self.replaced = 0
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self._idle: dict[int, Worker] = {}
+        self._busy: set[int] = set()
+        self._waiters: deque[_Waiter] = deque()
+        # Sessions whose instance a worker holds live: slot and the step it is at.
+        self._homes: dict[str, tuple[int, int]] = {}
+        self._housed: Counter[int] = Counter()  # live sessions per slot, to spread new ones
         self._ids = itertools.count(1)
         self._pending: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -132,15 +152,86 @@ class WorkerPool:
         for missing, reason in self.containment.get("missing", {}).items():
             log.warning("SANDBOX CONTAINMENT MISSING (%s backend): %s: %s", self.backend.name, missing, reason)
         for worker in workers:
-            self._idle.put_nowait(worker)
+            self._put(worker)
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
 
     async def close(self) -> None:
         self._closed = True
         for task in list(self._pending):
             task.cancel()
-        while not self._idle.empty():
-            await self._idle.get_nowait().channel.kill()
+        while self._idle:
+            await self._idle.popitem()[1].channel.kill()
         await self.backend.close()
+
+    # -- handing out workers -------------------------------------------------------------
+    def _take(self, prefer: int | None, waited: float) -> Worker | None:
+        """An idle worker for a request: ``prefer``'s if it is idle; any other only if the request
+        prefers none, its worker is gone, or it has waited ``STEAL_AFTER`` for it."""
+        if prefer is not None and prefer in self._idle:
+            return self._idle.pop(prefer)
+        if not self._idle or prefer in self._busy and waited < STEAL_AFTER:
+            return None
+        slot = min(self._idle, key=self._housed.__getitem__)
+        return self._idle.pop(slot)
+
+    async def _acquire(self, prefer: int | None) -> Worker:
+        worker = self._take(prefer, 0.0)
+        if worker is None:
+            loop = asyncio.get_running_loop()
+            waiter = _Waiter(loop.create_future(), prefer, time.monotonic())
+            self._waiters.append(waiter)
+            if prefer is not None:
+                loop.call_later(STEAL_AFTER, self._serve_waiters)
+            try:
+                worker = await asyncio.wait_for(asyncio.shield(waiter.future), self.acquire_timeout)
+            except TimeoutError:
+                raise SandboxBusy(f"no sandbox worker became free within {self.acquire_timeout:g} s") from None
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif not waiter.future.cancelled() and (worker is None or worker is not waiter.future.result()):
+                    self._put(waiter.future.result())  # granted as the wait ended: not ours to keep
+        self._busy.add(worker.slot)
+        return worker
+
+    def _put(self, worker: Worker) -> None:
+        """Give a free worker to the first waiter that takes it, else mark it idle."""
+        self._busy.discard(worker.slot)
+        self._idle[worker.slot] = worker
+        self._serve_waiters()
+
+    def _serve_waiters(self) -> None:
+        now = time.monotonic()
+        for waiter in list(self._waiters):
+            if not self._idle:
+                return
+            if waiter.future.done():
+                continue
+            worker = self._take(waiter.prefer, now - waiter.since)
+            if worker is not None:
+                self._waiters.remove(waiter)
+                waiter.future.set_result(worker)
+
+    def _home(self, session: str, slot: int, version: int) -> None:
+        self._unhome(session)
+        self._homes[session] = (slot, version)
+        self._housed[slot] += 1
+        # Workers drop their least recently used residents; forget about as many here.
+        while len(self._homes) > self.size * max(self.limits.residents, 1):
+            self._unhome(next(iter(self._homes)))
+
+    def _unhome(self, session: str) -> None:
+        home = self._homes.pop(session, None)
+        if home is not None:
+            self._housed[home[0]] -= 1
+
+    def forget(self, session: str) -> None:
+        """The session's live instance (if a worker holds one) must not serve it again: e.g. the
+        step it made was not committed. Its next call brings the stored state."""
+        self._unhome(session)
 
     async def _spawn(self, slot: int) -> Worker:
         channel = await self.backend.spawn(slot, self.limits)
@@ -154,6 +245,9 @@ class WorkerPool:
     def _replace(self, worker: Worker) -> None:
         """Kill ``worker`` and start another in its slot in the background."""
         self.replaced += 1
+        self._busy.discard(worker.slot)
+        for session in [s for s, (slot, _) in self._homes.items() if slot == worker.slot]:
+            self._unhome(session)
 
         async def run() -> None:
             await worker.channel.kill()
@@ -169,7 +263,7 @@ class WorkerPool:
                 if replacement.containment.get("missing") != self.containment.get("missing"):
                     log.warning("SANDBOX CONTAINMENT CHANGED for worker %d: %s", worker.slot,
                                 replacement.containment.get("missing"))
-                self._idle.put_nowait(replacement)
+                self._put(replacement)
                 return
 
         task = asyncio.get_running_loop().create_task(run())
@@ -197,10 +291,13 @@ class WorkerPool:
             WorkerLost: the worker died or hung; it is being replaced.
             SandboxBusy: no worker became free in time.
         """
-        try:
-            worker = await asyncio.wait_for(self._idle.get(), self.acquire_timeout)
-        except TimeoutError:
-            raise SandboxBusy(f"no sandbox worker became free within {self.acquire_timeout:g} s") from None
+        answer, _ = await self._request(message, env, timeout, None)
+        return answer
+
+    async def _request(self, message: dict[str, Any], env: EnvCode | None, timeout: float,
+                       prefer: int | None) -> tuple[dict[str, Any], int]:
+        """``request`` on ``prefer``'s worker if it frees up soon enough; also says which worker answered."""
+        worker = await self._acquire(prefer)
         healthy = False
         try:
             if env is not None and env.key not in worker.loaded:
@@ -226,12 +323,12 @@ class WorkerPool:
         finally:
             worker.requests += 1
             if healthy and worker.requests < self.max_requests:
-                self._idle.put_nowait(worker)
+                self._put(worker)
             else:
                 self._replace(worker)
         if answer.get("error"):
             raise _failure(answer["error"])
-        return answer
+        return answer, worker.slot
 
     # -- typed requests -------------------------------------------------------------------
     async def validate(self, env: EnvCode) -> dict[str, Any] | None:
@@ -249,37 +346,60 @@ class WorkerPool:
             return {"kind": failure["kind"], "message": failure["message"]}
         return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
-    async def init_state(self, env: EnvCode, init_config: dict[str, Any]) -> str:
-        answer = await self.request(
-            {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
-             "max_state_bytes": self.limits.state_bytes},
-            env,
-            self.limits.call_timeout,
-        )
+    async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None) -> str:
+        """The encoded initial state; with ``session``, the worker keeps the instance live for its calls."""
+        message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
+                   "max_state_bytes": self.limits.state_bytes}
+        if session is not None:
+            message.update(session=session, next_version=0)
+            self._unhome(session)
+        answer, slot = await self._request(message, env, self.limits.call_timeout, None)
         state = answer.get("state")
         if not isinstance(state, str):
             raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
         problem = _state_problem(state, self.limits.state_bytes)
         if problem:
             raise RequestFailed("sandbox_error", f"the init process sent {problem}")
+        if session is not None:
+            self._home(session, slot, 0)
         return state
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
+        return await self._call(env, name, arguments, state, None)
+
+    async def session_call(self, env: EnvCode, session: str, step: int, load_state: Callable[[], Awaitable[str]],
+                           name: str, arguments: dict[str, Any]) -> CallOutcome:
+        """A call on ``session`` at ``step``: on the worker holding it live at that step if there is
+        one (the state is then never read), else with the stored state from ``load_state``. The
+        caller must ``forget`` the session if the step the call makes is not committed."""
+        home = self._homes.get(session)
+        state = None if home is not None and home[1] == step else await load_state()
+        outcome = await self._call(env, name, arguments, state, (session, step, home[0] if home else None))
+        if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
+            outcome = await self._call(env, name, arguments, await load_state(), (session, step, None))
+        return outcome
+
+    async def _call(self, env: EnvCode, name: str, arguments: dict[str, Any], state: str | None,
+                    session: tuple[str, int, int | None] | None) -> CallOutcome:
+        message: dict[str, Any] = {
+            "op": "call", "env": env.key, "name": name, "arguments": arguments, "timeout": self.limits.call_timeout,
+            "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes}
+        if state is not None:
+            message["state"] = state
+        prefer = None
+        if session is not None:
+            sid, step, prefer = session
+            message.update(session=sid, version=step, next_version=step + 1)
+            self._unhome(sid)  # until the worker says it kept the instance
         try:
-            answer = await self.request(
-                {"op": "call", "env": env.key, "state": state, "name": name, "arguments": arguments,
-                 "timeout": self.limits.call_timeout, "max_state_bytes": self.limits.state_bytes,
-                 "max_result_bytes": self.limits.result_bytes},
-                env,
-                self.limits.call_timeout,
-            )
+            answer, slot = await self._request(message, env, self.limits.call_timeout, prefer)
         except RequestFailed as exc:
-            if exc.kind in CALL_ERRORS:
+            if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return CallOutcome(False, None, {"type": exc.kind, "message": exc.message}, None, _no_diff())
             # e.g. the class failed to load in this worker: not the agent's doing
-            message = f"{exc.kind}: {exc.message}"
-            return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
+            reason = f"{exc.kind}: {exc.message}"
+            return CallOutcome(False, None, {"type": "sandbox_error", "message": reason}, None, _no_diff())
         except WorkerLost as exc:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
         new_state: Any = answer.get("state")
@@ -296,8 +416,10 @@ class WorkerPool:
         elif new_state is not None:
             problem = _state_problem(new_state, self.limits.state_bytes)
         if problem:
-            message = f"the call process sent {problem}"
-            return CallOutcome(False, None, {"type": "sandbox_error", "message": message}, None, _no_diff())
+            return CallOutcome(False, None, {"type": "sandbox_error", "message": f"the call process sent {problem}"},
+                               None, _no_diff())
+        if session is not None:
+            self._home(session[0], slot, session[1] + 1)
         return CallOutcome(True, result, None, new_state, diff)
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
@@ -325,25 +447,11 @@ def _failure(reported: Any) -> RequestFailed:
 
 
 def _state_problem(text: str, limit: int) -> str | None:
-    """Why an encoded state from a sandbox process must not be stored, or None.
-
-    It must be what the codec writes and the service can read back: within the size limit,
-    a JSON object, with a JSON view (as ``GET .../state`` will build it).
-    """
+    """Why an encoded state from a sandbox process must not be stored, or None. The worker has
+    checked that it is a JSON object (see ``runtime._checked``); here only its size is left."""
     size = len(text.encode())
     if size > limit:
         return f"a state of {size} bytes, over the {limit} byte limit"
-    try:
-        state = json.loads(text)
-    except (ValueError, RecursionError):
-        return "a state that is not JSON"
-    if not isinstance(state, dict):
-        return "a state that is not a JSON object"
-    try:
-        # The view recurses as deep as the state nests: too deep for it here is too deep later.
-        view.view_encoded(state, strict=True)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
-        return "a state the codec cannot read"
     return None
 
 

@@ -5,6 +5,9 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
 - ``load``      {env, env_id, class_name, code}  start the environment's host process (see ``envhost``)
 - ``init``      {env, init_config}               -> {state}
 - ``call``      {env, state, name, arguments}    -> {ok, result, error, state|None, diff}
+  Both may name a ``session`` with its ``version`` (the step it is at) and ``next_version``: the
+  fork that serves it then stays, as that session's *resident*, holding the live instance, and a
+  later call at the version it holds may leave ``state`` out (else it answers ``need_state``).
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
 
@@ -18,6 +21,11 @@ fork runs, and /tmp is emptied before the fork starts and again before the host 
 thread left by module code never sees what a call wrote. After every request the worker also
 empties System V IPC objects (which the seccomp filter keeps environment code from making).
 Everything a fork answers is checked and only the fields of the request's kind pass on.
+
+A resident runs only while its own session's request is served: it is stopped (SIGSTOP) the
+moment it has answered, and ended as soon as a call may have changed its instance without the
+change being answered (a tool raised, timed out, ran out of memory or printed too much), or when
+its host goes, it is the least recently used one past ``max_residents``, or it idled too long.
 
 Standard library only.
 """
@@ -58,6 +66,12 @@ FRAME_SLACK = 1 << 20
 WORKER_FILES = 4 * MAX_HOSTS + 64
 # Hosts run environment code, so what they say is bounded and checked like any untrusted input.
 HOST_MESSAGE_BYTES = 64 * 1024
+# Live sessions a worker keeps by default, and how long an unused one stays.
+MAX_RESIDENTS = 32
+RESIDENT_IDLE = 600.0
+NEED_STATE = "need_state"
+# Call errors raised before environment code ran: the resident is still what was stored.
+UNTOUCHED = frozenset({"unknown_tool", "invalid_arguments"})
 
 
 class Unhealthy(Exception):
@@ -69,12 +83,30 @@ class Host:
     pid: int
     sock: socket.socket
     used: float = field(default_factory=time.monotonic)
+    stopped: list[int] = field(default_factory=list)  # it and what it started, while at rest
+
+
+@dataclass
+class Resident:
+    """A session's live process: a fork of its environment's host that kept the instance."""
+
+    env: str
+    pid: int
+    pidfd: int
+    request_fd: int
+    answer_fd: int
+    version: int = -1
+    used: float = field(default_factory=time.monotonic)
+    stopped: list[int] = field(default_factory=list)  # what it started, stopped with it
 
 
 class Runtime:
     def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
-                 own_processes: bool = False, filter_syscalls: bool = True) -> None:
+                 own_processes: bool = False, filter_syscalls: bool = True,
+                 max_residents: int = MAX_RESIDENTS) -> None:
         self.limits = limits
+        self.residents: dict[str, Resident] = {}  # by session id, least recently used first
+        self.max_residents = max_residents
         self.private_tmp = private_tmp
         # Only in a PID namespace (or container) of its own may the worker stop and kill what it sees.
         self.own_processes = own_processes
@@ -96,14 +128,14 @@ class Runtime:
     def _set_limits(self) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        files = max(WORKER_FILES, self.limits.open_files)
+        files = max(WORKER_FILES + 3 * self.max_residents, self.limits.open_files)
         if hard != resource.RLIM_INFINITY:
             files = min(files, hard)  # a container engine may have set it lower than we can raise
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         if self.limits.dedicated_uid:
             # Everything under this uid is ours: the zygote, the hosts, their ready forks, one call
             # fork, and what calls may start.
-            cap = 2 * MAX_HOSTS + 8 + self.limits.processes
+            cap = 2 * MAX_HOSTS + 8 + self.max_residents + self.limits.processes
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
 
     def _start_zygote(self) -> tuple[int, socket.socket]:
@@ -143,6 +175,12 @@ class Runtime:
             elif op == "validate":
                 answer = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
                 response = _checked(op, answer, 0)
+            elif op in ("init", "call") and type(request.get("session")) is str:
+                answer = self._session(request)
+                failure = answer.get("error")
+                if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
+                    return {"id": request.get("id"), "error": answer["error"]}
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)))
             elif op in ("init", "call"):
                 answer = self._run(self._host(request["env"]), request, _answer_cap(request))
                 response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)))
@@ -204,15 +242,30 @@ class Runtime:
         """
         owners = {host.pid: name for name, host in self.hosts.items()}
         keep = {os.getpid(), os.getppid(), self.zygote_pid}
+        residents = self._resident_pids()
         for pid, ppid in _processes():
             if pid in keep or ppid == self.zygote_pid and pid not in owners:
                 continue
+            if pid in residents or ppid in residents:
+                continue  # stopped between their own session's requests
             owner = owners.get(pid, owners.get(ppid))
             if owner is None:
                 _signal(pid, signal.SIGKILL)
-            else:
-                _signal(pid, signal.SIGCONT if owner == key else signal.SIGSTOP)
+            elif owner != key:
+                _signal(pid, signal.SIGSTOP)  # at rest already; this only makes sure
         self.running = key
+
+    def _wake(self, host: Host) -> None:
+        """Let ``host`` (and what it started) run, to answer the worker."""
+        for pid in reversed(host.stopped):
+            _signal(pid, signal.SIGCONT)
+        host.stopped = []
+
+    def _rest(self, host: Host, fork: int = -1) -> None:
+        """Stop ``host`` and what it started (but ``fork``) until the worker next needs it: module
+        code runs in the host, and what it left running (a thread, a process) must never run while
+        a session's process does, which could leave data in /tmp."""
+        host.stopped = self._freeze(host, fork)
 
     def _freeze(self, host: Host, fork: int) -> list[int]:
         """Stop ``host`` and its descendants except ``fork`` (and its own); kill orphans. Returns
@@ -223,11 +276,12 @@ class Runtime:
                 if orphan != self.zygote_pid:
                     _signal(orphan, signal.SIGKILL)
         stopped: list[int] = []
+        residents = self._resident_pids()  # stopped already, and with them what they started
         for _ in range(2):
             todo = [host.pid]
             while todo:
                 pid = todo.pop()
-                if pid == fork:
+                if pid == fork or pid in residents:
                     continue
                 if pid not in stopped:
                     _signal(pid, signal.SIGSTOP)
@@ -252,11 +306,17 @@ class Runtime:
                                             "(its process hung, died or broke its answer)")
             kind = loaded["error"]["type"]
             raise Failure("load_timeout" if kind == "timeout" else kind, loaded["error"]["message"])
+        self._rest(host)
         self.hosts[key] = host
         return host
 
     def _stop_host(self, key: str) -> None:
-        self._end_host(self.hosts.pop(key))
+        host = self.hosts.pop(key)
+        for session, resident in list(self.residents.items()):
+            if resident.env == key:  # they die with their host (parent-death signal)
+                del self.residents[session]
+                _release(resident)
+        self._end_host(host)
 
     def _end_host(self, host: Host) -> None:
         host.sock.close()
@@ -278,6 +338,7 @@ class Runtime:
         """
         fds: list[int] | None = None
         pid, pidfd = 0, -1
+        self._wake(host)
         try:
             channel.send(host.sock, {"op": "spare"})
             handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
@@ -297,13 +358,14 @@ class Runtime:
         if fds is None:
             self._drop(host)
             return None
+        self._rest(host, fork=pid)
         return pid, pidfd, fds[0], fds[1]
 
     def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
         """Run one request in a ready fork of ``host``: write it in, read the answer out.
 
-        The host and everything it started but this fork are stopped while the fork runs, and
-        /tmp is emptied before the fork starts and before they run again, so nothing the module
+        The host and everything it started but this fork are at rest (stopped) while the fork
+        runs, and /tmp is emptied before the fork starts and after it ends, so nothing the module
         code left running (a thread, a hook, a process) can pass what one call wrote in /tmp on
         to a later fork.
         """
@@ -315,7 +377,6 @@ class Runtime:
         if taken is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
         pid, pidfd, request_fd, answer_fd = taken
-        frozen = self._freeze(host, pid)
         try:
             self._empty_tmp()
             deadline = time.monotonic() + timeout
@@ -334,19 +395,129 @@ class Runtime:
         finally:
             os.close(pidfd)
             self._empty_tmp()
-            for stopped in reversed(frozen):
-                _signal(stopped, signal.SIGCONT)
-        try:
-            channel.send(host.sock, {"op": "finish", "pid": pid, "reply": not done})
-            report = None if done else channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
-        except OSError:
-            report = None
+        status = self._finish(host, pid, reply=not done)
         if done and answer is not None:
             return answer
-        if report is None or type(report.get("status")) is not int:
-            self._drop(host)
+        if status is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-        return {"error": outcome_error(outcome, report["status"] & 0xFFFF, overran, timeout, cap)}
+        return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
+
+    # -- residents ------------------------------------------------------------------------
+    def _resident_pids(self) -> set[int]:
+        return {r.pid for r in self.residents.values()}
+
+    def _session(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Serve an init or call of a session on its resident, starting one when the request
+        brings the state (or is the init that makes it)."""
+        session, key = request["session"], request["env"]
+        resident = self.residents.get(session)
+        fresh = request["op"] == "init" or "state" in request
+        if resident is not None and (fresh or resident.env != key or resident.version != request.get("version")):
+            self._end_resident(session)
+            resident = None
+        if resident is None and not fresh:
+            return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
+        host = self._host(key)
+        if resident is None:
+            taken = self._take_fork(host)
+            if taken is None and key in self.sources:
+                host = self._host(key)  # it died since its last use: one fresh start
+                taken = self._take_fork(host)
+            if taken is None:
+                return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
+            resident = Resident(key, *taken)
+        else:
+            del self.residents[session]  # back at the end once it answers: least recently used first
+        answer, kept = self._on_resident(host, resident, request, _answer_cap(request))
+        if kept:
+            resident.version, resident.used = int(request.get("next_version", -1)), time.monotonic()
+            self.residents[session] = resident
+            while len(self.residents) > self.max_residents:
+                self._end_resident(next(iter(self.residents)))
+        return answer
+
+    def _on_resident(self, host: Host, resident: Resident, request: dict[str, Any],
+                     cap: int) -> tuple[dict[str, Any], bool]:
+        """Run one request on ``resident``: only it runs meanwhile (as in ``_run``); it is stopped
+        again once it has answered, or ended if its instance can no longer be trusted."""
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        kept, outcome, overran = False, "timeout", False
+        answer: dict[str, Any] | None = None
+        try:
+            self._empty_tmp()
+            for pid in (resident.pid, *resident.stopped):
+                _signal(pid, signal.SIGCONT)
+            deadline = time.monotonic() + timeout
+            if _write_by(resident.request_fd, protocol.encode_frame(request), deadline):
+                answer, outcome = read_answer(resident.answer_fd, deadline, cap, keep_open=True)
+            kept = outcome == "done" and answer is not None and _untouched(answer)
+            if kept:
+                self._stop_resident(resident)
+            else:
+                ended = outcome == "done" or outcome != "ended"
+                overran = end(resident.pid, resident.pidfd, None if ended else deadline)
+        finally:
+            self._empty_tmp()
+        if kept and answer is not None:
+            return answer, True
+        _release(resident)
+        report = self._finish(host, resident.pid, reply=outcome != "done")
+        if outcome == "done" and answer is not None:
+            return answer, False
+        if report is None:
+            return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}, False
+        return {"error": outcome_error(outcome, report & 0xFFFF, overran, timeout, cap)}, False
+
+    def _stop_resident(self, resident: Resident) -> None:
+        """Stop it and, a process at a time (each before its children are listed), what it started."""
+        _signal(resident.pid, signal.SIGSTOP)
+        resident.stopped = []
+        if self.limits.processes == 0:
+            return  # it cannot have started any
+        todo = _children_of(resident.pid)
+        while todo:
+            pid = todo.pop()
+            if pid not in resident.stopped:
+                _signal(pid, signal.SIGSTOP)
+                resident.stopped.append(pid)
+                todo.extend(_children_of(pid))
+
+    def _end_resident(self, session: str) -> None:
+        resident = self.residents.pop(session)
+        end(resident.pid, resident.pidfd, None)
+        _release(resident)
+        host = self.hosts.get(resident.env)
+        if host is not None:
+            self._finish(host, resident.pid, reply=False)
+
+    def _finish(self, host: Host, pid: int, *, reply: bool) -> int | None:
+        """Have ``host`` reap its ended fork ``pid``; with ``reply``, its wait status (None if the
+        host did not answer properly, and it is dropped)."""
+        if not reply:  # a host at rest reaps it when next woken, before it answers anything else
+            try:
+                channel.send(host.sock, {"op": "finish", "pid": pid, "reply": False})
+            except OSError:
+                self._drop(host)
+            return None
+        self._wake(host)
+        try:
+            channel.send(host.sock, {"op": "finish", "pid": pid, "reply": True})
+            report = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+        except OSError:
+            report = None
+        status = None if report is None else report.get("status")
+        if report is None or type(status) is not int:
+            self._drop(host)
+            return None
+        self._rest(host)
+        return status
+
+    def _expire_residents(self) -> None:
+        idle = time.monotonic() - RESIDENT_IDLE
+        for session, resident in list(self.residents.items()):
+            if resident.used > idle:
+                break
+            self._end_resident(session)
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
@@ -378,6 +549,7 @@ class Runtime:
             self.unhealthy = True  # without its zygote the worker can start no environment
     def _scrub(self) -> None:
         """Leave nothing from this request for the next one."""
+        self._expire_residents()
         self._reap()
         if not self.private_tmp:
             return
@@ -430,7 +602,7 @@ def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]
             return {"error": error(failure["type"][:100], failure["message"][:4000])}
         return malformed
     if op == "init":
-        return {"state": answer["state"]} if type(answer.get("state")) is str else malformed
+        return {"state": answer["state"]} if _readable(answer.get("state")) else malformed
     if op == "validate":
         found = answer.get("failure")
         if answer.get("ok") is True:
@@ -439,7 +611,7 @@ def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]
             return {"ok": False, "failure": {"kind": found["kind"][:100], "message": found["message"][:4000]}}
         return malformed
     state, diff = answer.get("state"), answer.get("diff")
-    if answer.get("ok") is not True or not (state is None or type(state) is str) or not isinstance(diff, dict):
+    if answer.get("ok") is not True or not (state is None or _readable(state)) or not isinstance(diff, dict):
         return malformed
     result = answer.get("result")
     size = len(json.dumps(result, ensure_ascii=False).encode())
@@ -447,6 +619,32 @@ def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]
         return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
                                               f"{max_result} byte limit")}
     return {"ok": True, "result": result, "error": None, "state": state, "diff": diff}
+
+
+def _readable(state: Any) -> bool:
+    """Whether a state a fork sent is text the service can store and read back: a JSON object (the
+    decoder's own recursion limit bounds its depth). Whether the codec's tags in it make sense is
+    the session's own affair: a view shows a tag it cannot read as ``{"$truncated": "invalid"}``,
+    and the session's next call fails as a sandbox error; no other session reads it."""
+    if type(state) is not str:
+        return False
+    try:
+        return isinstance(json.loads(state), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _untouched(answer: dict[str, Any]) -> bool:
+    """Whether the process that sent ``answer`` still holds what is stored: it succeeded, or failed
+    before environment code ran (the resident applies the same rule and exits otherwise)."""
+    failure = answer.get("error")
+    return failure is None or isinstance(failure, dict) and failure.get("type") in UNTOUCHED
+
+
+def _release(resident: Resident) -> None:
+    for fd in (resident.request_fd, resident.answer_fd, resident.pidfd):
+        _close(fd)
+    resident.request_fd = resident.answer_fd = resident.pidfd = -1
 
 
 def _children_of(pid: int) -> list[int]:

@@ -302,6 +302,12 @@ def view_encoded(value: Any, *, strict: bool = False) -> Any:
     return _EncodedViewer(_Definitions(value), strict=strict).show(value, None, 0)
 
 
+def view_encoded_at(value: Any, depth: int) -> Any:
+    """``view_encoded`` of a part of a state in which no object is reached twice, found ``depth``
+    containers below its root: the same as that part of the whole state's view."""
+    return _EncodedViewer(_Definitions(value)).show(value, None, depth)
+
+
 def key_text(viewed_key: Any) -> str:
     """JSON object keys are strings: a non-string key is shown as its JSON text."""
     return viewed_key if isinstance(viewed_key, str) else json.dumps(viewed_key, sort_keys=True)

@@ -46,6 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=0, help="extra processes a call may start")
     parser.add_argument("--tmp-mb", type=int, default=64)
     parser.add_argument("--output-bytes", type=int, default=1 << 20)
+    parser.add_argument("--residents", type=int, default=32, help="live sessions kept (see runtime)")
     parser.add_argument("--cgroup", default="", help="memory cgroup to join (made by the service)")
     parser.add_argument("--cgroup-missing", default="the service made no memory cgroup for this worker",
                         help="why there is no --cgroup")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     private = args.container or "filesystem" in report["applied"]
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
                       own_processes=args.container or "processes" in report["applied"],
-                      filter_syscalls=not args.no_contain)
+                      filter_syscalls=not args.no_contain, max_residents=max(0, args.residents))
     if runtime.filter_missing is None:
         report["applied"].append("syscalls")
     else:

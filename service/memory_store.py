@@ -61,7 +61,7 @@ class MemoryStore:
                 replace(meta), state, initial, list(trajectory), time.time() + self.ttl
             )
 
-    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         entry = self._entry(session_id)
         if entry is None:
             return None
@@ -72,6 +72,10 @@ class MemoryStore:
             expires_at=entry.expires_at,
             trajectory=list(entry.trajectory) if trajectory else [],
         )
+
+    async def state(self, session_id: str) -> str | None:
+        entry = self._entry(session_id)
+        return None if entry is None else entry.state
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:

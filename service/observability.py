@@ -52,7 +52,7 @@ class Metrics:
 
     def observe_pool(self, pool: Any) -> None:
         """Refresh the pool gauges (read at scrape time: the pool keeps its own counts)."""
-        idle = pool._idle.qsize()
+        idle = pool.idle
         starting = len(getattr(pool, "_pending", ()))
         self.workers.labels("idle").set(idle)
         self.workers.labels("starting").set(starting)

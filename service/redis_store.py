@@ -259,8 +259,17 @@ class RedisStore:
             pipe.pexpire(key, self._ttl_ms)
 
     @_translated
-    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         k = self.keys.session(session_id)
+        if not blobs:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.meta)
+                for key in k.data():
+                    pipe.pexpire(key, self._ttl_ms)
+                found: list[Any] = await pipe.execute()
+            if not found[0]:
+                return None
+            return Snapshot(SessionMeta.from_fields(found[0]), "", "", time.time() + self.ttl)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(k.meta)
             pipe.get(k.state)
@@ -280,6 +289,11 @@ class RedisStore:
             expires_at=time.time() + self.ttl,
             trajectory=list(results[3]) if trajectory else [],
         )
+
+    @_translated
+    async def state(self, session_id: str) -> str | None:
+        value: str | None = await self.client.get(self.keys.session(session_id).state)
+        return value
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,

@@ -106,18 +106,23 @@ class Sessions:
         ids = [new_session_id() for _ in range(n)]
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
-            state = await self._initial_state(env, config, tenant)
+            # A single session keeps the instance its init made live in the sandbox for its first call.
+            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None)
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening) for sid in ids]
-            await self._store(self.store.create_group(metas, state, state, []))
+            try:
+                await self._store(self.store.create_group(metas, state, state, []))
+            except BaseException:
+                self.pool.forget(ids[0])
+                raise
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
 
-    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str) -> str:
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                return await self.pool.init_state(env_code(env), config)
+                return await self.pool.init_state(env_code(env), config, session)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -156,8 +161,9 @@ class Sessions:
         except UserEndpointFailed as exc:
             raise UserLLMFailed(f"{exc}; nothing was created") from exc
 
-    async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "") -> Snapshot:
-        snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory))
+    async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "",
+                       blobs: bool = True) -> Snapshot:
+        snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs))
         # Another tenant's session is reported exactly like a missing one.
         if snap is None or snap.meta.tenant != tenant:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
@@ -196,16 +202,21 @@ class Sessions:
         lease = self.pool.longest_request + LEASE_SLACK
         try:
             async with self.store.lock(session_id, self.lock_wait, lease):
-                snap = await self.snapshot(session_id, tenant=tenant)
+                # The state is read only if no sandbox worker holds the session live at this step.
+                snap = await self.snapshot(session_id, tenant=tenant, blobs=False)
                 replay = await self._replay(session_id, key, print_)
                 if replay is not None:
                     return replay
                 self._check_steps(snap)
                 env = await self.environment_of(snap)
-                async with self._sandbox_slot(tenant):
-                    arguments, outcome = await self._run(env, snap.state, name, raw_arguments)
-                record = _step_record(snap.meta.step + 1, name, arguments, outcome)
-                await self._commit(snap, outcome.state, record, key=key, print_=print_)
+                try:
+                    async with self._sandbox_slot(tenant):
+                        arguments, outcome = await self._run(env, snap, name, raw_arguments)
+                    record = _step_record(snap.meta.step + 1, name, arguments, outcome)
+                    await self._commit(snap, outcome.state, record, key=key, print_=print_)
+                except BaseException:
+                    self.pool.forget(session_id)  # its live instance may hold a step that was not committed
+                    raise
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
@@ -304,7 +315,8 @@ class Sessions:
             raise Conflict("the session changed during the call; nothing was applied, retry")
         _with_observation(record)
 
-    async def _run(self, env: Environment, state: str, name: str, raw: dict[str, Any] | str) -> tuple[Any, CallOutcome]:
+    async def _run(self, env: Environment, snap: Snapshot, name: str,
+                   raw: dict[str, Any] | str) -> tuple[Any, CallOutcome]:
         if isinstance(raw, str):
             try:
                 arguments = json.loads(raw) if raw.strip() else {}
@@ -321,7 +333,16 @@ class Sessions:
         problem = self._check_arguments(env, tool, arguments)
         if problem:
             return arguments, _failed("invalid_arguments", f"{name}: {problem}")
-        return arguments, await self.pool.call(env_code(env), state, name, arguments)
+        session_id = snap.meta.session_id
+
+        async def stored_state() -> str:
+            state: str | None = await self._store(self.store.state(session_id))
+            if state is None:
+                raise NotFound(f"session '{session_id}' was deleted or expired during the call")
+            return state
+
+        return arguments, await self.pool.session_call(env_code(env), session_id, snap.meta.step, stored_state,
+                                                       name, arguments)
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
         """Raises LimitExceeded: arguments over a bound (nothing is applied)."""
@@ -388,6 +409,7 @@ class Sessions:
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
+        self.pool.forget(session_id)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
         await self._store(self.store.forget(tenant, [session_id]))

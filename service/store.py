@@ -87,8 +87,12 @@ class SessionStore(Protocol):
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
         """Store several sessions sharing one state, all or none."""
 
-    async def load(self, session_id: str, *, trajectory: bool = False) -> Snapshot | None:
-        """Read a session consistently (meta, blobs and optionally trajectory at one step)."""
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
+        """Read a session consistently (meta, blobs and optionally trajectory at one step).
+        Without ``blobs`` the snapshot's state and initial state are empty (see ``state``)."""
+
+    async def state(self, session_id: str) -> str | None:
+        """The session's current encoded state alone."""
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:

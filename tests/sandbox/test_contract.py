@@ -108,9 +108,9 @@ async def test_a_failing_call_is_contained_and_changes_nothing(
 async def test_a_killed_worker_is_replaced(pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         state = await _state(pool)
-        worker = await pool._idle.get()
+        worker = await pool._acquire(None)
         kill_worker(pool, worker)
-        pool._idle.put_nowait(worker)
+        pool._put(worker)
         lost = await pool.call(PROBE, state, "increment", {})
         assert not lost.ok and lost.error["type"] == "sandbox_error"
         out = await pool.call(PROBE, state, "increment", {})
@@ -496,8 +496,8 @@ async def test_session_data_stays_out_of_every_process_that_forks_for_others(poo
         assert out.ok
         for _ in range(3):  # other sessions keep the environment busy afterwards
             assert (await pool.call(PROBE, await _state(pool), "increment", {})).ok
-        worker = await pool._idle.get()
-        pool._idle.put_nowait(worker)
+        worker = await pool._acquire(None)
+        pool._put(worker)
         root = _worker_pid(worker)
         others = _descendants(root)
         for _ in range(500):  # the host makes its next ready fork once the call's is ended
@@ -557,12 +557,12 @@ async def test_a_killed_zygote_gets_its_worker_replaced(pool_factory: Any) -> No
     worker notices and is replaced."""
     async with pool_factory(size=1) as pool:
         state = await _state(pool)
-        worker = await pool._idle.get()
+        worker = await pool._acquire(None)
         zygote = min(_children(_worker_pid(worker)))  # forked before anything else
         os.kill(zygote, 9)
         while _is_running(zygote):  # dead before the next request, which must notice it
             await anyio.sleep(0.01)
-        pool._idle.put_nowait(worker)
+        pool._put(worker)
         for _ in range(3):  # at most a call or two meet the broken worker before it is replaced
             if (await pool.call(PROBE, state, "increment", {})).ok:
                 break

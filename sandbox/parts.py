@@ -1,0 +1,176 @@
+"""Encoding a changed state from the parts that changed.
+
+A state in which no object is reached twice (a tree, as most environments hold) encodes part by
+part: the text of each attribute, and of each entry of an attribute that is a plain dict, is
+the same alone as within the whole. ``Parts`` keeps those texts with the ``pickle`` bytes of the
+values they came from, so after a call only the attributes and entries whose bytes changed are
+encoded again, and the diff compares only their views. The result is the same text and the
+same diff as encoding and viewing the whole state (``codec.encode_state``, ``view.diff``).
+
+States that share objects are left to the whole-state path: there an object's text depends on
+where else it is reached. Standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import enum
+import json
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox import codec, view
+from sandbox.stateformat import TAG, pointer
+
+_PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.time, dt.timedelta,
+                    decimal.Decimal, bytes})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
+
+
+def blob(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def shares(value: Any, env_module: str) -> bool:
+    """Whether any object is reached twice, as the codec counts objects (see ``codec.Encoder``)."""
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        kind = type(item)
+        if kind in _PLAIN or (kind is tuple or kind is frozenset) and not item or isinstance(item, enum.Enum):
+            continue
+        marker = id(item)
+        if marker in seen:
+            return True
+        seen.add(marker)
+        if kind is dict:
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif kind in _SEQUENCES:
+            todo.extend(item)
+        elif kind.__module__ == env_module and hasattr(item, "__dict__") and not hasattr(kind, "__slots__"):
+            todo.extend(vars(item).values())
+    return False
+
+
+def _plain_dict(value: Any) -> bool:
+    return type(value) is dict and TAG not in value and all(type(k) is str for k in value)
+
+
+def _shown_key(key: str) -> str:
+    return "$" + key if key[:1] == "$" else key  # as the view shows keys
+
+
+@dataclass
+class Part:
+    blob: bytes
+    text: str
+    encoded: Any
+    depth: int
+    entries: dict[str, Part] | None = None  # for a plain dict: each entry's part
+    _shown: Any = field(default=None, repr=False)
+
+    @property
+    def shown(self) -> Any:
+        if self._shown is None:
+            self._shown = view.view_encoded_at(self.encoded, self.depth)
+        return self._shown
+
+
+class Parts:
+    """The parts of a tree state's encoding, as of the last state they were made or updated from."""
+
+    def __init__(self, env_module: str, state: dict[str, Any], encoded: dict[str, Any]) -> None:
+        """From a state and its encoding (parsed); the caller knows the state is a tree."""
+        self.env_module = env_module
+        self.parts = {name: self._part(value, encoded[name], 1) for name, value in state.items()}
+
+    def _part(self, value: Any, encoded: Any, depth: int, data: bytes | None = None) -> Part:
+        part = Part(blob(value) if data is None else data, _dumps(encoded), encoded, depth)
+        if depth == 1 and _plain_dict(value) and isinstance(encoded, dict):
+            part.entries = {key: self._part(item, encoded[key], 2) for key, item in value.items()}
+        return part
+
+    def _encode(self, value: Any, depth: int, data: bytes) -> Part:
+        encoder = codec.Encoder(self.env_module)
+        encoder.depth = depth  # the codec's depth limit counts from the root of the state
+        return self._part(value, encoder.encode(value), depth, data)
+
+    def update(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+        """The encoded text of ``state`` (a tree) and its diff from the previous one.
+
+        Raises:
+            codec.CodecError: a changed part cannot be encoded (nothing is updated then).
+        """
+        diff: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+        parts: dict[str, Part] = {}
+        for name, value in state.items():
+            old = self.parts.get(name)
+            data = blob(value)
+            path = pointer("", _shown_key(name))
+            if old is not None and old.blob == data:
+                parts[name] = old
+            elif old is not None and old.entries is not None and _plain_dict(value):
+                parts[name] = self._entries(value, old, data, path, diff)
+            else:
+                try:
+                    part = self._encode(value, 1, data)
+                except codec.CodecError as exc:
+                    exc.within(name)
+                    raise
+                if old is None:
+                    diff["added"].append({"path": path, "value": part.shown})
+                else:
+                    _compare(old.shown, part.shown, path, diff)
+                parts[name] = part
+        for name, old in self.parts.items():
+            if name not in state:
+                diff["removed"].append({"path": pointer("", _shown_key(name)), "value": old.shown})
+        self.parts = parts
+        return _joined({name: part.text for name, part in parts.items()}), diff
+
+    def _entries(self, value: dict[str, Any], old: Part, data: bytes, path: str,
+                 diff: dict[str, list[dict[str, Any]]]) -> Part:
+        assert old.entries is not None
+        entries: dict[str, Part] = {}
+        for key, item in value.items():
+            before = old.entries.get(key)
+            item_data = blob(item)
+            where = pointer(path, _shown_key(key))
+            if before is not None and before.blob == item_data:
+                entries[key] = before
+                continue
+            try:
+                part = self._encode(item, 2, item_data)
+            except codec.CodecError as exc:
+                exc.within(key)
+                raise
+            if before is None:
+                diff["added"].append({"path": where, "value": part.shown})
+            else:
+                _compare(before.shown, part.shown, where, diff)
+            entries[key] = part
+        for key, before in old.entries.items():
+            if key not in value:
+                diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
+        text = _joined({key: part.text for key, part in entries.items()})
+        encoded = {key: part.encoded for key, part in entries.items()}
+        return Part(data, text, encoded, 1, entries)
+
+
+def _compare(before: Any, after: Any, path: str, diff: dict[str, list[dict[str, Any]]]) -> None:
+    found = view.diff(before, after, path)
+    for kind in ("added", "removed", "changed"):
+        diff[kind].extend(found[kind])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _joined(texts: dict[str, str]) -> str:
+    """A JSON object from its members' texts, written exactly as ``json.dumps`` would."""
+    return "{" + ",".join(f"{_dumps(key)}:{text}" for key, text in texts.items()) + "}"

@@ -1,0 +1,192 @@
+"""A session's environment instance kept live between calls, and what a call does to it.
+
+A call on a live instance needs neither a decode of the stored state nor a fork. Whether a call
+changed the state is found by comparing ``pickle`` bytes of the attributes before and after
+(pickle is C code, keeps object identity, and is never stored: the stored form stays the codec's
+JSON). Only a call that changed something pays for encoding the new state and for its diff,
+whose "before" view is kept from the previous change.
+
+The instance is the session's truth only while it matches the stored state; ``handle`` says when
+it can no longer be trusted (a tool raised, ran out of memory, or made a state that cannot be
+stored), and the worker then ends the process. Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import pickle
+import types
+from collections.abc import Callable
+from typing import Any
+
+from sandbox import codec, view
+from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
+from sandbox.parts import Parts, shares
+
+# Call errors raised before any environment code ran: the instance is still what was stored.
+UNTOUCHED = frozenset({UNKNOWN_TOOL, INVALID_ARGUMENTS})
+NO_DIFF: dict[str, list[Any]] = {"added": [], "removed": [], "changed": []}
+
+
+def public_state(instance: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
+
+
+def instantiate(cls: type, init_config: dict[str, Any]) -> Any:
+    """EnvScaler's convention, kept exactly for compatibility with its released data."""
+    try:
+        instance = cls(init_config)
+    except TypeError:
+        instance = cls()
+    for key, value in init_config.items():
+        setattr(instance, key, value)
+    return instance
+
+
+def resolver(module: types.ModuleType) -> Callable[[str], Any]:
+    def resolve(qualname: str) -> Any:
+        target: Any = module
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        return target
+
+    return resolve
+
+
+def encode(state: dict[str, Any], module_name: str, limit: int) -> str:
+    try:
+        text = codec.encode_state(state, module_name)
+    except codec.CodecError as exc:
+        raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
+    return _within(text, limit)
+
+
+def _within(text: str, limit: int) -> str:
+    size = len(text.encode())
+    if size > limit:
+        raise Failure(RESOURCE_LIMIT, f"the state would be {size} bytes, over the {limit} byte limit")
+    return text
+
+
+def fingerprint(state: dict[str, Any]) -> bytes | None:
+    """Bytes equal for equal graphs (identity included); None if pickle refuses the state."""
+    try:
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+
+
+class LiveSession:
+    """One session's instance of the environment class, and the stored form it was made from."""
+
+    def __init__(self, module: types.ModuleType, cls: type) -> None:
+        self.module = module
+        self.cls = cls
+        self.instance: Any = None
+        self.text = ""  # the stored (encoded) state the instance matches
+        self.print: bytes | None = None  # its fingerprint
+        self.shown: Any = None  # its view, once a diff needed it
+        self.parts: Parts | None = None  # its encoding part by part, while it is a tree
+
+    def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Answer ``request`` (``init``, or ``call`` with ``state`` when the instance must be rebuilt)."""
+        if request.get("op") == "init":
+            return self._init(request), True
+        if "state" in request:
+            self._adopt(request["state"])
+        try:
+            return self._call(request), True
+        except Failure as exc:
+            return {"error": {"type": exc.kind, "message": exc.message}}, exc.kind in UNTOUCHED
+
+    def _init(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.instance = instantiate(self.cls, request.get("init_config") or {})
+        except Interrupt:
+            raise
+        except BaseException as exc:
+            raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
+        state = public_state(self.instance)
+        self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", 1 << 24)), state)
+        return {"state": self.text}
+
+    def _adopt(self, text: str) -> None:
+        factory: Any = self.cls  # restore without __init__: the state is already built
+        self.instance = factory.__new__(factory)
+        self.instance.__dict__.update(codec.decode(json.loads(text), resolver(self.module)))
+        self._remember(text, public_state(self.instance))
+
+    def _remember(self, text: str, state: dict[str, Any]) -> None:
+        self.text, self.print, self.shown = text, fingerprint(state), None
+        self._split(text, state)
+
+    def _split(self, text: str, state: dict[str, Any]) -> None:
+        self.parts = None if shares(state, self.module.__name__) else Parts(self.module.__name__, state, json.loads(text))
+
+    def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request["name"]
+        method = _tool(self.cls, self.instance, name)
+        arguments = request.get("arguments") or {}
+        try:
+            inspect.signature(method).bind(**arguments)
+        except TypeError as exc:
+            raise Failure(INVALID_ARGUMENTS, f"{name}: {exc}") from None
+        try:
+            result = method(**arguments)
+            if inspect.iscoroutine(result):  # an async tool: run it to completion here
+                result = asyncio.run(result)
+        except Interrupt:
+            raise
+        except MemoryError:
+            raise Failure(RESOURCE_LIMIT, "the tool ran out of memory") from None
+        except BaseException as exc:
+            raise Failure(TOOL_EXCEPTION, describe(exc)) from None
+        result_view = view.view(result)
+        size = len(json.dumps(result_view, ensure_ascii=False).encode())
+        limit = _limit(request, "max_result_bytes", 1 << 20)
+        if size > limit:
+            raise Failure(RESOURCE_LIMIT, f"the tool's result is {size} bytes, over the {limit} byte limit")
+        state = public_state(self.instance)
+        after = fingerprint(state)
+        if after is not None and after == self.print:
+            return {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
+        limit = _limit(request, "max_state_bytes", 1 << 24)
+        unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
+        if self.parts is not None and not shares(state, self.module.__name__):
+            try:
+                text, change = self.parts.update(state)
+            except codec.CodecError as exc:
+                raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
+            same = text == self.text
+            self.text, self.print, self.shown = _within(text, limit), after, None
+            return unchanged if same else {"ok": True, "result": result_view, "error": None, "state": text,
+                                           "diff": change}
+        text = encode(state, self.module.__name__, limit)
+        if text == self.text:
+            self.print = after
+            return unchanged
+        before = self.shown if self.shown is not None else view.view_encoded(json.loads(self.text))
+        shown = view.view_encoded(json.loads(text))
+        self.text, self.print, self.shown = text, after, shown
+        self._split(text, state)
+        return {"ok": True, "result": result_view, "error": None, "state": text, "diff": view.diff(before, shown)}
+
+
+def _limit(request: dict[str, Any], name: str, default: int) -> int:
+    return int(request.get(name, default))
+
+
+def _tool(cls: type, instance: Any, name: str) -> Callable[..., Any]:
+    if not isinstance(name, str) or name.startswith("_"):
+        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}")
+    try:
+        attribute = inspect.getattr_static(cls, name)
+    except AttributeError:
+        raise Failure(UNKNOWN_TOOL, f"unknown tool {name!r}") from None
+    if isinstance(attribute, (property, type)) or not (
+        callable(attribute) or isinstance(attribute, (staticmethod, classmethod))
+    ):
+        raise Failure(UNKNOWN_TOOL, f"{name!r} is not a tool")
+    return getattr(instance, name)  # type: ignore[no-any-return]
