@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
-from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, Channel, Limits
+from sandbox.pool import Channel, Limits, worker_memory_mb
 from sandbox.protocol import HEADER, frame_length
 from sandbox.runtime import MAX_HOSTS, WORKER_FILES
 
@@ -148,7 +148,7 @@ class DockerBackend:
 
     async def spawn(self, slot: int, limits: Limits) -> Channel:
         def create() -> tuple[Any, Any]:
-            memory = f"{limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB}m"
+            memory = f"{worker_memory_mb(limits)}m"
             container = self.client.containers.create(
                 self.image,
                 command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),

@@ -28,6 +28,14 @@ GUARD_MARGIN = 5.0
 # Memory a worker may use beyond the per-call limit (itself, its environment hosts, the fork's
 # copy): the size of its memory cgroup or container is ``memory_mb`` plus this.
 WORKER_MEMORY_OVERHEAD_MB = 128
+# What one live session's process adds (its private pages; about 3 MB at a 4 KB state). Past the
+# cgroup's size the kernel ends residents first (they ask to be), and their sessions go cold.
+RESIDENT_MB = 4
+
+
+def worker_memory_mb(limits: Limits) -> int:
+    """The size of one worker's memory cgroup or container."""
+    return limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB + RESIDENT_MB * limits.residents
 # A request for a session whose worker is busy waits this long for it before taking another free
 # worker (where the session's state must then be decoded again).
 STEAL_AFTER = 0.05

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from sandbox import memcg
-from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, Channel, Limits
+from sandbox.pool import Channel, Limits, worker_memory_mb
 from sandbox.protocol import HEADER, frame_length
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -132,7 +132,7 @@ class ProcessBackend:
         if self.memory_groups is not None:
             try:
                 cgroup = memcg.prepare(self.memory_groups, f"envfoundry-worker-{uid}",
-                                       (limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB) << 20)
+                                       worker_memory_mb(limits) << 20)
             except OSError as exc:
                 why_not = f"cannot make a memory cgroup for the worker ({exc})"
         process = await asyncio.create_subprocess_exec(

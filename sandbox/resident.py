@@ -154,7 +154,8 @@ class LiveSession:
             return {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
         limit = _limit(request, "max_state_bytes", 1 << 24)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
-        if self.parts is not None and not shares(state, self.module.__name__):
+        # (no fingerprint: pickle refused a value, and the codec says which, below)
+        if self.parts is not None and after is not None and not shares(state, self.module.__name__):
             try:
                 text, change = self.parts.update(state)
             except codec.CodecError as exc:

@@ -359,6 +359,7 @@ class Runtime:
             self._drop(host)
             return None
         self._rest(host, fork=pid)
+        _signal(pid, signal.SIGCONT)  # a spare forked after the host's last rest may since have been stopped
         return pid, pidfd, fds[0], fds[1]
 
     def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:

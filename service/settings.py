@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     call_timeout: float = Field(default=10.0, gt=0, description="Wall time per tool call, seconds.")
     check_timeout: float = Field(default=5.0, gt=0, description="Wall time per check function, seconds.")
     memory_mb: int = Field(default=512, ge=32, description="Address-space limit per call, MiB.")
+    residents: int = Field(default=32, ge=0, le=1024, description="Live sessions each sandbox worker keeps "
+                           "between calls (0: every call rebuilds the instance from the stored state).")
     open_files: int = Field(default=64, ge=16)
     processes: int = Field(default=0, ge=0, description="Extra processes a call may start.")
     max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
@@ -94,4 +96,5 @@ class Settings(BaseSettings):
             output_bytes=self.max_output_bytes,
             result_bytes=self.max_result_bytes,
             state_bytes=self.max_state_bytes,
+            residents=self.residents,
         )

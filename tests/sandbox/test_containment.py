@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import WORKER_MEMORY_OVERHEAD_MB, EnvCode
+from sandbox.pool import EnvCode, Limits, worker_memory_mb
 from sandbox.view import view_encoded
 from tests.sandbox.test_contract import PROBE, _descendants, _state, _worker_pid
 
@@ -248,7 +248,7 @@ async def test_each_worker_has_a_memory_limit_of_its_own(pool_factory: Any) -> N
             limit_file = "memory.max" if os.path.exists(os.path.join(worker.channel.cgroup, "memory.max")) \
                 else "memory.limit_in_bytes"
             with open(os.path.join(worker.channel.cgroup, limit_file)) as limit:
-                assert int(limit.read()) == (256 + WORKER_MEMORY_OVERHEAD_MB) << 20
+                assert int(limit.read()) == worker_memory_mb(Limits(memory_mb=256)) << 20
             with open(f"/proc/{_worker_pid(worker)}/cgroup") as groups:
                 assert os.path.basename(worker.channel.cgroup) in groups.read()
 
