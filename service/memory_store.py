@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
-from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot
+from service.store import Held, LockTimeout, RecordLimit, SessionMeta, Snapshot
 
 
 @dataclass
@@ -77,8 +77,14 @@ class MemoryStore:
         entry = self._entry(session_id)
         return None if entry is None else entry.state
 
+    @asynccontextmanager
+    async def begin(self, session_id: str, wait: float, lease: float) -> AsyncIterator[Held]:
+        async with self.lock(session_id, wait, lease):
+            yield Held(await self.load(session_id, blobs=False))
+
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
+                     held: Held | None = None) -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
             self._live[tenant][session_id] = time.time() + self.ttl

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.keys import Keys
-from service.store import LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
+from service.store import Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
 
 # While Redis is unreachable, requests fail at once and the store tries it again after a delay that
 # doubles from the first to the longest; the delay left is the Retry-After clients are told.
@@ -37,15 +37,38 @@ T = TypeVar("T")
 # The idempotency key is written in the same script, so a step and the record of which request
 # made it exist together or not at all.
 COMMIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then return 0 end
-if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
-redis.call('RPUSH', KEYS[4], ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'step', 1)
-if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
-for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-return 1
+local result = 1
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  result = -1
+elseif tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then
+  result = 0
+else
+  if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
+  redis.call('RPUSH', KEYS[4], ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'step', 1)
+  if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
+  if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
+  for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+end
+if ARGV[9] ~= '' and redis.call('GET', KEYS[6]) == ARGV[9] then redis.call('DEL', KEYS[6]) end
+if #KEYS == 7 then
+  redis.call('ZADD', KEYS[7], 'XX', ARGV[11], ARGV[10])
+  redis.call('PEXPIREAT', KEYS[7], ARGV[11])
+end
+return result
+"""
+
+# Take a session's call lock and read its meta in one step; false while another caller holds it.
+# A session that does not exist leaves no lock behind.
+BEGIN = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+local meta = redis.call('HGETALL', KEYS[2])
+if #meta == 0 then
+  redis.call('DEL', KEYS[1])
+  return meta
+end
+for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+return meta
 """
 
 RELEASE = """
@@ -181,6 +204,19 @@ def _connect(url: str | None, nodes: str | None) -> aioredis.Redis | RedisCluste
                         retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), 10), **common)
 
 
+class Keeper:
+    """A lock's renewal: a timer, then (for a long holder) the task that renews the lease."""
+
+    timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
 class RedisStore:
     def __init__(self, url: str | None, ttl: float = 3600.0, prefix: str = "ef", *,
                  cluster_nodes: str | None = None) -> None:
@@ -195,6 +231,7 @@ class RedisStore:
         # session is not blocked for a whole lease after an outage (key -> token).
         self._unreleased: dict[str, str] = {}
         self._commit = self.client.register_script(COMMIT)
+        self._begin = self.client.register_script(BEGIN)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
         self._admit = self.client.register_script(ADMIT)
@@ -297,30 +334,26 @@ class RedisStore:
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
+                     held: Held | None = None) -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
-        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
-                "1" if done else "0", key, value]
-        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency]
-        if tenant is None:
-            return int(await self._commit(keys=keys, args=args)) == 1
         expires = int((time.time() + self.ttl) * 1000)
-        if self.cluster:
+        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+                "1" if done else "0", key, value, held.token if held else "", session_id, expires]
+        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock]
+        if tenant is not None and not self.cluster:
+            keys.append(self.keys.live_sessions(tenant))  # one round trip: commit, unlock, live count
+        committed = int(await self._commit(keys=keys, args=args)) == 1
+        if held is not None:
+            held.released = True
+        if tenant is not None and self.cluster:
             # The tenant's count is on another slot: refresh it after the commit, in a second round trip.
-            committed = int(await self._commit(keys=keys, args=args)) == 1
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
                 pipe.pexpireat(self.keys.live_sessions(tenant), expires)
                 await pipe.execute()
-            return committed
-        # One round trip: the commit and the refresh of the tenant's live count.
-        async with self.client.pipeline(transaction=False) as pipe:
-            await self._commit(keys=keys, args=args, client=pipe)
-            pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
-            pipe.pexpireat(self.keys.live_sessions(tenant), expires)
-            results: list[Any] = await pipe.execute()
-        return int(results[0]) == 1
+        return committed
 
     @_translated
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
@@ -401,21 +434,75 @@ class RedisStore:
         token = secrets.token_hex(16)
         held = min(lease, HEARTBEAT)
         await self._acquire(key, token, wait, held, session_id)
-        renewer = asyncio.get_running_loop().create_task(self._keep(key, token, held))
+        keeper = self._keep_later(key, token, held)
         try:
             yield
         finally:
-            renewer.cancel()
+            keeper.cancel()
             try:
                 await self._release(keys=[key], args=[token])
             except RedisError:
                 self._unreleased[key] = token  # released when Redis answers again; else the lease ends it
 
+    @asynccontextmanager
+    async def begin(self, session_id: str, wait: float, lease: float) -> AsyncIterator[Held]:
+        """``lock`` and a meta-only ``load`` in one script; a commit given the result unlocks too."""
+        k = self.keys.session(session_id)
+        token = secrets.token_hex(16)
+        lease = min(lease, HEARTBEAT)
+        meta = await self._begin_locked(k.lock, [k.lock, *k.data()], token, wait, lease, session_id)
+        if not meta:
+            yield Held(None, token, released=True)
+            return
+        pairs = iter(meta)
+        snap = Snapshot(SessionMeta.from_fields(dict(zip(pairs, pairs, strict=True))), "", "",
+                        time.time() + self.ttl)
+        held = Held(snap, token)
+        keeper = self._keep_later(k.lock, token, lease)
+        try:
+            yield held
+        finally:
+            keeper.cancel()
+            if not held.released:
+                try:
+                    await self._release(keys=[k.lock], args=[token])
+                except RedisError:
+                    self._unreleased[k.lock] = token
+
     @_translated
-    async def _acquire(self, key: str, token: str, wait: float, lease: float, session_id: str) -> None:
+    async def _begin_locked(self, lock: str, keys: list[str], token: str, wait: float, lease: float,
+                            session_id: str) -> list[str] | None:
+        await self._release_stale()
+        deadline = time.monotonic() + wait
+        delay = 0.002
+        while True:
+            meta = await self._begin(keys=keys, args=[token, int(lease * 1000), self._ttl_ms])
+            if meta is not None:
+                return list(meta)
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _keep_later(self, key: str, token: str, lease: float) -> Keeper:
+        """Renew the lease from a third of the way through it, only if the holder is still at work
+        then (most calls end long before: no task for them)."""
+        keeper = Keeper()
+
+        def start() -> None:
+            keeper.task = asyncio.get_running_loop().create_task(self._keep(key, token, lease))
+
+        keeper.timer = asyncio.get_running_loop().call_later(lease / 3, start)
+        return keeper
+
+    async def _release_stale(self) -> None:
         for stale, stale_token in list(self._unreleased.items()):
             await self._release(keys=[stale], args=[stale_token])
             del self._unreleased[stale]
+
+    @_translated
+    async def _acquire(self, key: str, token: str, wait: float, lease: float, session_id: str) -> None:
+        await self._release_stale()
         deadline = time.monotonic() + wait
         delay = 0.002
         while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):

@@ -37,7 +37,7 @@ from service.problems import (
     UserLLMUnavailable,
 )
 from service.registry import Registry, env_code
-from service.store import LockTimeout, SessionMeta, SessionStore, Snapshot, StoreError, new_session_id
+from service.store import Held, LockTimeout, SessionMeta, SessionStore, Snapshot, StoreError, new_session_id
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 
@@ -164,6 +164,10 @@ class Sessions:
     async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "",
                        blobs: bool = True) -> Snapshot:
         snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs))
+        return self._visible(snap, session_id, tenant)
+
+    @staticmethod
+    def _visible(snap: Snapshot | None, session_id: str, tenant: str) -> Snapshot:
         # Another tenant's session is reported exactly like a missing one.
         if snap is None or snap.meta.tenant != tenant:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
@@ -201,9 +205,10 @@ class Sessions:
         print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments})
         lease = self.pool.longest_request + LEASE_SLACK
         try:
-            async with self.store.lock(session_id, self.lock_wait, lease):
-                # The state is read only if no sandbox worker holds the session live at this step.
-                snap = await self.snapshot(session_id, tenant=tenant, blobs=False)
+            # One round trip takes the lock and reads the meta; the state is read only if no sandbox
+            # worker holds the session live at this step; the commit releases the lock.
+            async with self.store.begin(session_id, self.lock_wait, lease) as held:
+                snap = self._visible(held.snap, session_id, tenant)
                 replay = await self._replay(session_id, key, print_)
                 if replay is not None:
                     return replay
@@ -213,7 +218,7 @@ class Sessions:
                     async with self._sandbox_slot(tenant):
                         arguments, outcome = await self._run(env, snap, name, raw_arguments)
                     record = _step_record(snap.meta.step + 1, name, arguments, outcome)
-                    await self._commit(snap, outcome.state, record, key=key, print_=print_)
+                    await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held)
                 except BaseException:
                     self.pool.forget(session_id)  # its live instance may hold a step that was not committed
                     raise
@@ -304,11 +309,12 @@ class Sessions:
         return Applied(_with_observation(json.loads(page[0][0])), replayed=True)
 
     async def _commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
-                      print_: str, done: bool = False) -> None:
+                      print_: str, done: bool = False, held: Held | None = None) -> None:
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
         committed = await self._store(self.store.commit(session_id, snap.meta.step, state, self._encoded(record),
-                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant))
+                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant,
+                                                        held=held))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")

@@ -78,6 +78,16 @@ class Snapshot:
     trajectory: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Held:
+    """A session's call lock, held, with the session's meta read in the same step (``snap`` is None
+    when the session does not exist; its blobs are empty, see ``SessionStore.state``)."""
+
+    snap: Snapshot | None
+    token: str = ""
+    released: bool = False  # a commit given this lock released it already
+
+
 class SessionStore(Protocol):
     ttl: float
 
@@ -95,12 +105,17 @@ class SessionStore(Protocol):
         """The session's current encoded state alone."""
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
-                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None) -> bool:
+                     done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
+                     held: Held | None = None) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
         carrying the key finds it even when the answer to the first attempt was lost. With
-        ``tenant``, the session's place in that tenant's live count is refreshed too."""
+        ``tenant``, the session's place in that tenant's live count is refreshed too. With ``held``
+        (from ``begin``), the call lock is released in the same step."""
+
+    def begin(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[Held]:
+        """``lock`` and ``load(blobs=False)`` together (one round trip where the store allows)."""
 
     async def idempotent(self, session_id: str, key: str) -> str | None:
         """The value committed with idempotency ``key`` on this session, if any."""
