@@ -15,6 +15,7 @@ from service.analysis import Analysis
 from service.api import router
 from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
+from service.fastpath import FastCalls
 from service.limits import BodyLimit
 from service.observability import Metrics, RequestLog
 from service.registry import Registry
@@ -127,6 +128,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     app.include_router(router)
     mcp.mount(app)
     ui.mount(app)
+    app.add_middleware(FastCalls)  # innermost: inside the body limit and the access log
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
     app.add_middleware(RequestLog, metrics=metrics)  # outermost: refused bodies are counted and logged too
     return app

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.keys import Keys
+from service.redis_lane import Lane
 from service.store import Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
 
 # While Redis is unreachable, requests fail at once and the store tries it again after a delay that
@@ -230,6 +231,8 @@ class RedisStore:
         # Call locks whose release failed because Redis was down: released once it is back, so a
         # session is not blocked for a whole lease after an outage (key -> token).
         self._unreleased: dict[str, str] = {}
+        # The call path's two scripts take a lane of their own (a cluster routes by slot: not there).
+        self.lane = Lane(url, COMMAND_TIMEOUT) if url and not self.cluster else None
         self._commit = self.client.register_script(COMMIT)
         self._begin = self.client.register_script(BEGIN)
         self._release = self.client.register_script(RELEASE)
@@ -242,6 +245,8 @@ class RedisStore:
         which point at a server that is gone, so the first request after it returns works."""
         if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
             return StoreError(f"redis: {exc}")
+        if self.lane is not None:
+            self.lane.reset(exc)
         pool = getattr(self.client, "connection_pool", None)  # a cluster client manages its own nodes
         if pool is not None:
             try:
@@ -344,7 +349,7 @@ class RedisStore:
         keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock]
         if tenant is not None and not self.cluster:
             keys.append(self.keys.live_sessions(tenant))  # one round trip: commit, unlock, live count
-        committed = int(await self._commit(keys=keys, args=args)) == 1
+        committed = int(await self._script(self._commit, keys, args)) == 1
         if held is not None:
             held.released = True
         if tenant is not None and self.cluster:
@@ -476,7 +481,7 @@ class RedisStore:
         deadline = time.monotonic() + wait
         delay = 0.002
         while True:
-            meta = await self._begin(keys=keys, args=[token, int(lease * 1000), self._ttl_ms])
+            meta = await self._script(self._begin, keys, [token, int(lease * 1000), self._ttl_ms])
             if meta is not None:
                 return list(meta)
             if time.monotonic() >= deadline:
@@ -551,4 +556,12 @@ class RedisStore:
         await self.client.ping()
 
     async def close(self) -> None:
+        if self.lane is not None:
+            await self.lane.close()
         await self.client.aclose()
+
+    async def _script(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run one of the call path's scripts, on the lane where there is one."""
+        if self.lane is not None:
+            return await self.lane.evalsha(script.sha, script.script, keys, args)
+        return await script(keys=keys, args=args)
