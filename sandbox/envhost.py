@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import gc
 import json
 import linecache
 import os
@@ -270,6 +271,9 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
                 channel.send(host_end, {"error": error(exc.kind, exc.message)})
             else:
                 channel.send(host_end, {"ok": True})
+                # Objects that exist now are shared with every fork; kept out of the collector's
+                # walks, forks do not copy the pages holding them just to count references.
+                gc.freeze()
                 EnvHost(module, cls, limits).serve(host_end)
         finally:
             os._exit(0)

@@ -286,7 +286,8 @@ class WorkerPool:
     async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
         message["id"] = next(self._ids)
         await worker.channel.send(protocol.encode_frame(message))
-        answer: dict[str, Any] = protocol.decode_body(await asyncio.wait_for(worker.channel.receive(), guard))
+        async with asyncio.timeout(guard):  # (no task per request, unlike wait_for)
+            answer: dict[str, Any] = protocol.decode_body(await worker.channel.receive())
         if answer.get("id") != message["id"]:
             raise protocol.ProtocolError("answer does not match the request")
         return answer

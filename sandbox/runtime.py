@@ -458,7 +458,8 @@ class Runtime:
                 ended = outcome == "done" or outcome != "ended"
                 overran = end(resident.pid, resident.pidfd, None if ended else deadline)
         finally:
-            self._empty_tmp()
+            if not kept:
+                self._empty_tmp()  # (a kept resident is stopped already: the request's scrub empties it)
         if kept and answer is not None:
             return answer, True
         _release(resident)
@@ -555,7 +556,8 @@ class Runtime:
         if not self.private_tmp:
             return
         self._empty_tmp()
-        contain.clear_ipc()
+        if self.filter_missing is not None:  # else the seccomp filter keeps environment code from making any
+            contain.clear_ipc()
 
     def _empty_tmp(self) -> None:
         if not self.private_tmp:

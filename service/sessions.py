@@ -202,7 +202,7 @@ class Sessions:
         With an idempotency ``key``, a retry of the same call (on any replica, after any crash)
         returns the step the first attempt committed instead of applying it again.
         """
-        print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments})
+        print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments}) if key else ""
         lease = self.pool.longest_request + LEASE_SLACK
         try:
             # One round trip takes the lock and reads the meta; the state is read only if no sandbox
