@@ -132,6 +132,8 @@ class EnvHost:
     - ``{"op": "spare"}``  -> ``{"pid"}`` plus the fork's request-write and answer-read descriptors
     - ``{"op": "finish", "pid", "reply"}`` -> ``{"status"}`` if ``reply``: reap a fork the worker
       has ended (a host may signal nothing but itself, so ending forks is the worker's job)
+    - ``{"op": "prepare"}`` -> ``{"ready"}`` once a spare fork is made (the worker asks between
+      requests, so the next one does not wait for the fork)
     """
 
     def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits) -> None:
@@ -156,6 +158,8 @@ class EnvHost:
                     self.spare = spawn_spare(self.runner, self.limits, self.live)
                 except Failure:
                     pass  # the next "spare" reports why
+            if message.get("op") == "prepare":  # the worker waits for the spare before resting us
+                channel.send(sock, {"ready": self.spare is not None})
 
     def _hand_over(self, sock: socket.socket) -> None:
         spare, self.spare = self.spare, None

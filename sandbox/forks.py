@@ -378,7 +378,7 @@ def _answer(run: Callable[[], tuple[dict[str, Any], bool]], limits: WorkerLimits
         if output.exceeded:
             answer, keep = {"error": printed_too_much}, False
         try:
-            payload = json.dumps(answer, ensure_ascii=False).encode()
+            payload = protocol.encode_body(answer, ascii_fallback=False)
         except UnicodeEncodeError:
             payload = json.dumps({"error": error(
                 TOOL_EXCEPTION, "the tool produced text that is not valid Unicode (a lone surrogate)")}).encode()

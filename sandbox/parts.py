@@ -17,8 +17,8 @@ import datetime as dt
 import decimal
 import enum
 import gc
-import operator
 import json
+import operator
 import pickle
 from dataclasses import dataclass, field
 from itertools import compress
@@ -79,7 +79,7 @@ def _shown_key(key: str) -> str:
 @dataclass
 class Part:
     blob: bytes
-    text: str
+    member: str  # the part as a member of its object: '"key":text'
     encoded: Any
     depth: int
     entries: dict[str, Part] | None = None  # for a plain dict: each entry's part
@@ -98,18 +98,18 @@ class Parts:
     def __init__(self, env_module: str, state: dict[str, Any], encoded: dict[str, Any]) -> None:
         """From a state and its encoding (parsed); the caller knows the state is a tree."""
         self.env_module = env_module
-        self.parts = {name: self._part(value, encoded[name], 1) for name, value in state.items()}
+        self.parts = {name: self._part(name, value, encoded[name], 1) for name, value in state.items()}
 
-    def _part(self, value: Any, encoded: Any, depth: int, data: bytes | None = None) -> Part:
-        part = Part(blob(value) if data is None else data, _dumps(encoded), encoded, depth)
+    def _part(self, key: str, value: Any, encoded: Any, depth: int, data: bytes | None = None) -> Part:
+        part = Part(blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth)
         if depth == 1 and _plain_dict(value) and isinstance(encoded, dict):
-            part.entries = {key: self._part(item, encoded[key], 2) for key, item in value.items()}
+            part.entries = {k: self._part(k, item, encoded[k], 2) for k, item in value.items()}
         return part
 
-    def _encode(self, value: Any, depth: int, data: bytes) -> Part:
+    def _encode(self, key: str, value: Any, depth: int, data: bytes) -> Part:
         encoder = codec.Encoder(self.env_module)
         encoder.depth = depth  # the codec's depth limit counts from the root of the state
-        return self._part(value, encoder.encode(value), depth, data)
+        return self._part(key, value, encoder.encode(value), depth, data)
 
     def update(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
         """The encoded text of ``state`` (a tree) and its diff from the previous one.
@@ -122,14 +122,15 @@ class Parts:
         for name, value in state.items():
             old = self.parts.get(name)
             data = blob(value)
-            path = pointer("", _shown_key(name))
             if old is not None and old.blob == data:
                 parts[name] = old
-            elif old is not None and old.entries is not None and _plain_dict(value):
-                parts[name] = self._entries(value, old, data, path, diff)
+                continue
+            path = pointer("", _shown_key(name))
+            if old is not None and old.entries is not None and _plain_dict(value):
+                parts[name] = self._entries(name, value, old, data, path, diff)
             else:
                 try:
-                    part = self._encode(value, 1, data)
+                    part = self._encode(name, value, 1, data)
                 except codec.CodecError as exc:
                     exc.within(name)
                     raise
@@ -142,21 +143,21 @@ class Parts:
             if name not in state:
                 diff["removed"].append({"path": pointer("", _shown_key(name)), "value": old.shown})
         self.parts = parts
-        return _joined({name: part.text for name, part in parts.items()}), diff
+        return _joined(parts), diff
 
-    def _entries(self, value: dict[str, Any], old: Part, data: bytes, path: str,
+    def _entries(self, name: str, value: dict[str, Any], old: Part, data: bytes, path: str,
                  diff: dict[str, list[dict[str, Any]]]) -> Part:
         assert old.entries is not None
         entries: dict[str, Part] = {}
         for key, item in value.items():
             before = old.entries.get(key)
             item_data = blob(item)
-            where = pointer(path, _shown_key(key))
             if before is not None and before.blob == item_data:
                 entries[key] = before
                 continue
+            where = pointer(path, _shown_key(key))
             try:
-                part = self._encode(item, 2, item_data)
+                part = self._encode(key, item, 2, item_data)
             except codec.CodecError as exc:
                 exc.within(key)
                 raise
@@ -168,9 +169,8 @@ class Parts:
         for key, before in old.entries.items():
             if key not in value:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
-        text = _joined({key: part.text for key, part in entries.items()})
         encoded = {key: part.encoded for key, part in entries.items()}
-        return Part(data, text, encoded, 1, entries)
+        return Part(data, f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries)
 
 
 def _compare(before: Any, after: Any, path: str, diff: dict[str, list[dict[str, Any]]]) -> None:
@@ -183,6 +183,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _joined(texts: dict[str, str]) -> str:
-    """A JSON object from its members' texts, written exactly as ``json.dumps`` would."""
-    return "{" + ",".join(f"{_dumps(key)}:{text}" for key, text in texts.items()) + "}"
+def _joined(parts: dict[str, Part]) -> str:
+    """A JSON object from its members' parts, written exactly as ``json.dumps`` would."""
+    return "{" + ",".join([part.member for part in parts.values()]) + "}"

@@ -10,6 +10,11 @@ import struct
 from typing import Any, BinaryIO
 
 HEADER = struct.Struct(">I")
+# A body that starts with BLOB carries a state's bytes after its JSON (see ``encode_body``).
+BLOB = b"\x00"
+BLOB_HEAD = struct.Struct(">Q")
+BLOB_FIELD = "$bytes"
+BLOB_MIN = 4096
 # Frames carry whole states; the service enforces its own, smaller state limit.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 # How deeply a value from environment code (a result, a state) may nest. Well under what the
@@ -21,23 +26,67 @@ class ProtocolError(Exception):
     """The peer sent something that is not a frame, or closed mid-frame."""
 
 
-def encode_frame(message: Any) -> bytes:
+def encode_body(message: Any, *, ascii_fallback: bool = True) -> bytes:
+    """A message as a frame body: its JSON, or, when it carries a large ``state`` (JSON text
+    itself), ``BLOB``, the length of the JSON of the rest, that JSON, then the state's own bytes.
+    A state sent as a JSON string would be escaped on one side and unescaped on the other (every
+    quote in it), twice per call; as bytes it is copied. Raises UnicodeEncodeError for text UTF-8
+    cannot carry (lone surrogates) unless ``ascii_fallback`` (JSON escapes carry them)."""
+    state = message.get("state") if isinstance(message, dict) else None
+    if isinstance(state, str) and len(state) >= BLOB_MIN:
+        try:
+            blob = state.encode("utf-8")
+        except UnicodeEncodeError:
+            pass
+        else:
+            head = _json({**message, "state": None, BLOB_FIELD: "state"}, ascii_fallback)
+            return BLOB + BLOB_HEAD.pack(len(head)) + head + blob
+    return _json(message, ascii_fallback)
+
+
+def _json(message: Any, ascii_fallback: bool) -> bytes:
     try:
-        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: JSON escapes carry them, UTF-8 cannot
-        body = json.dumps(message, separators=(",", ":")).encode("ascii")
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        if not ascii_fallback:
+            raise
+        return json.dumps(message, separators=(",", ":")).encode("ascii")
+
+
+def encode_frame(message: Any) -> bytes:
+    body = encode_body(message)
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
     return HEADER.pack(len(body)) + body
 
 
-def decode_body(body: bytes) -> Any:
+def decode_body(body: bytes, depth: int | None = None) -> Any:
+    """Inverse of ``encode_body``; with ``depth``, refuse JSON nested deeper (untrusted senders)."""
+    blob = None
+    if body[:1] == BLOB:
+        if len(body) < 1 + BLOB_HEAD.size:
+            raise ProtocolError("frame ends inside its header")
+        (size,) = BLOB_HEAD.unpack_from(body, 1)
+        start = 1 + BLOB_HEAD.size
+        if start + size > len(body):
+            raise ProtocolError("frame ends inside its JSON")
+        body, blob = body[start:start + size], body[start + size:]
     try:
-        return json.loads(body.decode("utf-8"))
+        message = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from exc
     except RecursionError:
         raise ProtocolError("frame nests too deeply") from None
+    if depth is not None and not depth_within(message, depth):
+        raise ProtocolError("frame nests too deeply")
+    if blob is not None:
+        if not isinstance(message, dict) or message.pop(BLOB_FIELD, None) != "state":
+            raise ProtocolError("frame carries bytes it does not name")
+        try:
+            message["state"] = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"state bytes are not UTF-8: {exc}") from exc
+    return message
 
 
 def depth_within(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -57,13 +106,12 @@ def depth_within(value: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-def decode_bounded(text: bytes | str, limit: int = MAX_DEPTH) -> Any:
-    """JSON from an untrusted process, or None if it is not JSON or nests deeper than ``limit``."""
+def decode_bounded(body: bytes, limit: int = MAX_DEPTH) -> Any:
+    """A frame body from an untrusted process, or None if it is not one or nests deeper than ``limit``."""
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        return decode_body(body, limit)
+    except ProtocolError:
         return None
-    return value if depth_within(value, limit) else None
 
 
 def frame_length(header: bytes) -> int:

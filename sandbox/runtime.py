@@ -84,6 +84,7 @@ class Host:
     sock: socket.socket
     used: float = field(default_factory=time.monotonic)
     stopped: list[int] = field(default_factory=list)  # it and what it started, while at rest
+    ready: bool = False  # it holds a ready fork (made between requests, see ``prepare``)
 
 
 @dataclass
@@ -338,6 +339,7 @@ class Runtime:
         """
         fds: list[int] | None = None
         pid, pidfd = 0, -1
+        host.ready = False
         self._wake(host)
         try:
             channel.send(host.sock, {"op": "spare"})
@@ -402,6 +404,28 @@ class Runtime:
         if status is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
         return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
+
+    def prepare(self) -> None:
+        """Between requests (the answer is sent): let each host that handed over its ready fork
+        make the next one, so a new session does not wait for a fork."""
+        woken = False
+        for host in list(self.hosts.values()):
+            if host.ready:
+                continue
+            woken = True
+            self._wake(host)
+            try:
+                channel.send(host.sock, {"op": "prepare"})
+                answer = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+            except OSError:
+                answer = None
+            if answer is None:
+                self._drop(host)
+                continue
+            host.ready = answer.get("ready") is True
+            self._rest(host)
+        if woken:
+            self._scrub()
 
     # -- residents ------------------------------------------------------------------------
     def _resident_pids(self) -> set[int]:

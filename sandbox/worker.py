@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         except protocol.ProtocolError:
             return 0
         protocol.write_frame(proto_out, runtime.handle(request))
+        runtime.prepare()
 
 
 if __name__ == "__main__":
