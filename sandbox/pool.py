@@ -136,6 +136,8 @@ class WorkerPool:
         self.acquire_timeout = acquire_timeout
         self.containment: dict[str, Any] = {}
         self.replaced = 0
+        self.live_calls = 0  # session calls served by a live instance
+        self.rebuilt_calls = 0  # and those that rebuilt it from the stored state
         self._idle: dict[int, Worker] = {}
         self._busy: set[int] = set()
         self._waiters: deque[_Waiter] = deque()
@@ -384,8 +386,14 @@ class WorkerPool:
         caller must ``forget`` the session if the step the call makes is not committed."""
         home = self._homes.get(session)
         state = None if home is not None and home[1] == step else await load_state()
+        if state is None:
+            self.live_calls += 1
+        else:
+            self.rebuilt_calls += 1
         outcome = await self._call(env, name, arguments, state, (session, step, home[0] if home else None))
         if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
+            self.live_calls -= 1
+            self.rebuilt_calls += 1
             outcome = await self._call(env, name, arguments, await load_state(), (session, step, None))
         return outcome
 

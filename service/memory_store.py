@@ -73,6 +73,13 @@ class MemoryStore:
             trajectory=list(entry.trajectory) if trajectory else [],
         )
 
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+        snap = await self.load(source.session_id, trajectory=True)
+        if snap is None:
+            return False
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory)
+        return True
+
     async def state(self, session_id: str) -> str | None:
         entry = self._entry(session_id)
         return None if entry is None else entry.state

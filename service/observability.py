@@ -47,6 +47,9 @@ class Metrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.store_errors = Counter("envfoundry_store_errors", "Session store operations that failed.", registry=r)
         self.workers = Gauge("envfoundry_sandbox_workers", "Sandbox workers by state.", ["state"], registry=r)
+        self.session_calls = Gauge("envfoundry_sandbox_session_calls", "Session calls by where the instance was: "
+                                   "'live' in a worker, or 'rebuilt' from the stored state.", ["instance"],
+                                   registry=r)
         self.worker_replacements = Gauge("envfoundry_sandbox_worker_replacements",
                                          "Sandbox workers replaced (lost, hung, recycled) since start.", registry=r)
 
@@ -58,6 +61,8 @@ class Metrics:
         self.workers.labels("starting").set(starting)
         self.workers.labels("busy").set(max(0, pool.size - idle - starting))
         self.worker_replacements.set(pool.replaced)
+        self.session_calls.labels("live").set(pool.live_calls)
+        self.session_calls.labels("rebuilt").set(pool.rebuilt_calls)
 
 
 class JsonFormatter(logging.Formatter):

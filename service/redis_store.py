@@ -59,6 +59,21 @@ end
 return result
 """
 
+# Copy a session server-side into fresh ids (a fork): nothing crosses to the API but the ids.
+FORK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 1, #ARGV - 3 do
+  local base = 4 + (i - 1) * 5
+  for j = 1, 5 do redis.call('DEL', KEYS[base + j]) end
+  for j = 1, 4 do
+    if redis.call('EXISTS', KEYS[j]) == 1 then redis.call('COPY', KEYS[j], KEYS[base + j]) end
+  end
+  redis.call('HSET', KEYS[base + 1], 'session_id', ARGV[3 + i], 'created_at', ARGV[2], 'parent_id', ARGV[3])
+  for j = 1, 5 do redis.call('PEXPIRE', KEYS[base + j], ARGV[1]) end
+end
+return 1
+"""
+
 # Take a session's call lock and read its meta in one step; false while another caller holds it.
 # A session that does not exist leaves no lock behind.
 BEGIN = """
@@ -235,6 +250,7 @@ class RedisStore:
         self.lane = Lane(url, COMMAND_TIMEOUT) if url and not self.cluster else None
         self._commit = self.client.register_script(COMMIT)
         self._begin = self.client.register_script(BEGIN)
+        self._fork = self.client.register_script(FORK)
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
         self._admit = self.client.register_script(ADMIT)
@@ -288,6 +304,29 @@ class RedisStore:
                 except RedisError:
                     pass  # unreachable now: the keys expire with the session TTL
             raise failure
+
+    @_translated
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+        """Store ``metas`` as copies of ``source``'s state, initial state and trajectory, server-side
+        where Redis allows (one script), else read and written back; False if ``source`` is gone."""
+        if self.lane is not None:
+            k = self.keys.session(source.session_id)
+            keys = [k.meta, k.state, k.initial, k.trajectory]
+            for meta in metas:
+                keys.extend(self.keys.session(meta.session_id).data())
+            created = metas[0].to_fields()["created_at"]
+            try:
+                done = await self._script(self._fork, keys, [self._ttl_ms, created, source.session_id,
+                                                             *(m.session_id for m in metas)])
+                return int(done) == 1
+            except ResponseError as exc:
+                if "COPY" not in str(exc).upper() and "unknown command" not in str(exc):
+                    raise  # (a Redis before 6.2 has no COPY: the general path below)
+        snap = await self.load(source.session_id, trajectory=True)
+        if snap is None:
+            return False
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory)
+        return True
 
     def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
         k = self.keys.session(meta.session_id)
@@ -363,8 +402,8 @@ class RedisStore:
     @_translated
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = int(time.time() * 1000)
-        live = await self._admit(keys=[self.keys.live_sessions(tenant)],
-                                 args=[now, limit, now + self._ttl_ms, *session_ids])
+        live = await self._script(self._admit, [self.keys.live_sessions(tenant)],
+                                  [now, limit, now + self._ttl_ms, *session_ids])
         return None if int(live) < 0 else int(live)
 
     @_translated

@@ -402,14 +402,15 @@ class Sessions:
 
     async def fork(self, session_id: str, *, n: int = 1, tenant: str = "") -> Created:
         """``n`` independent copies of the session at its current step (all or none)."""
-        snap = await self.snapshot(session_id, trajectory=True, tenant=tenant)
+        snap = await self.snapshot(session_id, tenant=tenant, blobs=False)
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
         async with self._admitted(tenant, [m.session_id for m in metas]):
-            await self._store(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory))
+            if not await self._store(self.store.copy(snap.meta, metas)):
+                raise NotFound(f"session '{session_id}' not found (it may have expired)")
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 

@@ -104,6 +104,10 @@ class SessionStore(Protocol):
     async def state(self, session_id: str) -> str | None:
         """The session's current encoded state alone."""
 
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+        """Store sessions ``metas`` as copies of ``source`` at its current step (state, initial
+        state, trajectory), all or none; False if ``source`` no longer exists."""
+
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None) -> bool:
