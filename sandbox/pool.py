@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import json
 import logging
-import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +38,9 @@ def worker_memory_mb(limits: Limits) -> int:
 # A request for a session whose worker is busy waits this long for it before taking another free
 # worker (where the session's state must then be decoded again).
 STEAL_AFTER = 0.05
+# Requests go to the worker holding their session, so a worker that died idle could go unnoticed:
+# idle workers are pinged this often, and a dead one is replaced.
+PING_EVERY = 5.0
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
 CALL_ERRORS = frozenset(
     {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
@@ -146,6 +148,8 @@ class WorkerPool:
         self._housed: Counter[int] = Counter()  # live sessions per slot, to spread new ones
         self._ids = itertools.count(1)
         self._pending: set[asyncio.Task[None]] = set()
+        self._pinger: asyncio.Task[None] | None = None
+        self._recheck: asyncio.TimerHandle | None = None
         self._closed = False
 
     async def start(self) -> None:
@@ -163,6 +167,23 @@ class WorkerPool:
             log.warning("SANDBOX CONTAINMENT MISSING (%s backend): %s: %s", self.backend.name, missing, reason)
         for worker in workers:
             self._put(worker)
+        self._pinger = asyncio.get_running_loop().create_task(self._ping_idle())
+
+    async def _ping_idle(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(PING_EVERY)
+            for slot in list(self._idle):
+                worker = self._idle.pop(slot, None)
+                if worker is None:
+                    continue
+                self._busy.add(slot)
+                try:
+                    await self._roundtrip(worker, {"op": "ping"}, GUARD_MARGIN)
+                except (TimeoutError, protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError):
+                    log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
+                    self._replace(worker)
+                else:
+                    self._put(worker)
 
     @property
     def idle(self) -> int:
@@ -170,6 +191,8 @@ class WorkerPool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._pinger is not None:
+            self._pinger.cancel()
         for task in list(self._pending):
             task.cancel()
         while self._idle:
@@ -191,10 +214,10 @@ class WorkerPool:
         worker = self._take(prefer, 0.0)
         if worker is None:
             loop = asyncio.get_running_loop()
-            waiter = _Waiter(loop.create_future(), prefer, time.monotonic())
+            waiter = _Waiter(loop.create_future(), prefer, loop.time())
             self._waiters.append(waiter)
             if prefer is not None:
-                loop.call_later(STEAL_AFTER, self._serve_waiters)
+                self._serve_later(STEAL_AFTER)
             try:
                 worker = await asyncio.wait_for(asyncio.shield(waiter.future), self.acquire_timeout)
             except TimeoutError:
@@ -214,7 +237,8 @@ class WorkerPool:
         self._serve_waiters()
 
     def _serve_waiters(self) -> None:
-        now = time.monotonic()
+        self._recheck = None
+        now = asyncio.get_running_loop().time()
         for waiter in list(self._waiters):
             if not self._idle:
                 return
@@ -224,6 +248,12 @@ class WorkerPool:
             if worker is not None:
                 self._waiters.remove(waiter)
                 waiter.future.set_result(worker)
+            else:  # its worker is busy and a free one waits: come back when it may take that one
+                self._serve_later(max(STEAL_AFTER - (now - waiter.since), 0.0) + 0.001)
+
+    def _serve_later(self, delay: float) -> None:
+        if self._recheck is None:
+            self._recheck = asyncio.get_running_loop().call_later(delay, self._serve_waiters)
 
     def _home(self, session: str, slot: int, version: int) -> None:
         self._unhome(session)

@@ -10,6 +10,7 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
   later call at the version it holds may leave ``state`` out (else it answers ``need_state``).
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
+- ``ping``      {}                               -> {ok}
 
 Processes: the worker forks one clean *zygote* before it reads any request; the zygote forks a
 *host* per environment, which runs the module code once and keeps a ready fork of itself. For
@@ -173,6 +174,8 @@ class Runtime:
             if op == "load":
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
+            elif op == "ping":  # the pool checks idle workers are alive
+                response = {"ok": True}
             elif op == "validate":
                 answer = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
                 response = _checked(op, answer, 0)
