@@ -174,7 +174,8 @@ class DockerBackend:
                 memswap_limit=memory,
                 # init, the worker, its environment hosts and their spare forks, one call fork, and the
                 # extra processes allowed
-                pids_limit=3 + 2 * MAX_HOSTS + limits.processes,
+                # init, worker, zygote; hosts, their ready forks and an ended fork each; residents
+                pids_limit=3 + 3 * MAX_HOSTS + limits.residents + limits.processes,
                 nano_cpus=int(self.cpus * 1e9),
                 # the worker's own budget; each call lowers it to ``open_files`` for itself
                 ulimits=[self._ulimit(name="nofile", soft=WORKER_FILES, hard=WORKER_FILES)],

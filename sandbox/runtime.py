@@ -137,7 +137,7 @@ class Runtime:
         if self.limits.dedicated_uid:
             # Everything under this uid is ours: the zygote, the hosts, their ready forks, one call
             # fork, and what calls may start.
-            cap = 2 * MAX_HOSTS + 8 + self.max_residents + self.limits.processes
+            cap = 3 * MAX_HOSTS + 8 + self.max_residents + self.limits.processes  # (an ended fork per host)
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
 
     def _start_zygote(self) -> tuple[int, socket.socket]:
@@ -348,6 +348,7 @@ class Runtime:
             channel.send(host.sock, {"op": "spare"})
             handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
             if handed is not None and handed.get("unhealthy") is True:
+                self._rest(host)
                 raise Unhealthy(f"cannot start a call process: {str(handed.get('error'))[:500]}")
             offered = handed.get("pid") if handed else None
             if type(offered) is int and offered > 0:
@@ -447,7 +448,15 @@ class Runtime:
             return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
         host = self._host(key)
         if resident is None:
-            taken = self._take_fork(host)
+            try:
+                taken = self._take_fork(host)
+            except Unhealthy:
+                if not self.residents:
+                    raise
+                # Out of processes: the least recently used live sessions give theirs back.
+                for _ in range(max(1, len(self.residents) // 4)):
+                    self._end_resident(next(iter(self.residents)))
+                taken = self._take_fork(host)
             if taken is None and key in self.sources:
                 host = self._host(key)  # it died since its last use: one fresh start
                 taken = self._take_fork(host)

@@ -180,3 +180,15 @@ def test_shared_objects_are_found_as_the_codec_counts_them() -> None:
     assert not shares({"a": {"x": 1}, "b": {"x": 1}}, "m")
     pid = os.getpid()
     assert not shares({"pid": pid, "again": pid}, "m")
+
+
+async def test_a_worker_full_of_live_sessions_still_starts_new_ones(pool_factory: Any) -> None:
+    """Every live session holds a process: the worker's process budget (a container's pids limit,
+    the uid's process limit) covers the residents it keeps, and more sessions than that evict."""
+    async with pool_factory(size=1) as pool:
+        count = pool.limits.residents + 6
+        sessions = [await _session(pool, f"s{i}") for i in range(count)]
+        for i, stored in enumerate(sessions):
+            out = await stored.call(pool, f"s{i}", "increment")
+            assert out.ok, out.error
+        assert pool.replaced == 0
