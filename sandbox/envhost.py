@@ -153,12 +153,12 @@ class EnvHost:
                 status = reap(int(message["pid"]))
                 if message.get("reply"):
                     channel.send(sock, {"status": status})
-            if self.spare is None:  # between requests, off the caller's clock
-                try:
-                    self.spare = spawn_spare(self.runner, self.limits, self.live)
-                except Failure:
-                    pass  # the next "spare" reports why
-            if message.get("op") == "prepare":  # the worker waits for the spare before resting us
+            if message.get("op") == "prepare":  # between requests: the worker waits, then rests us
+                if self.spare is None:
+                    try:
+                        self.spare = spawn_spare(self.runner, self.limits, self.live)
+                    except Failure:
+                        pass  # the next "spare" reports why
                 channel.send(sock, {"ready": self.spare is not None})
 
     def _hand_over(self, sock: socket.socket) -> None:

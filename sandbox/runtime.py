@@ -409,6 +409,10 @@ class Runtime:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
         return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
 
+    def unprepared(self) -> bool:
+        """Whether a host has no ready fork (``prepare`` would make one)."""
+        return any(not host.ready for host in self.hosts.values())
+
     def prepare(self) -> None:
         """Between requests (the answer is sent): let each host that handed over its ready fork
         make the next one, so a new session does not wait for a fork."""

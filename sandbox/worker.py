@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import sys
 from typing import Any
@@ -28,6 +29,8 @@ from sandbox import contain, protocol  # noqa: E402
 from sandbox.forks import WorkerLimits  # noqa: E402
 from sandbox.runtime import Runtime  # noqa: E402
 
+# How long the worker must have been idle before it makes forks ahead of time.
+IDLE_BEFORE_PREPARE = 0.005
 # Modules environment code commonly imports; loaded before privileges drop so
 # they come from the warm image rather than from disk at call time.
 PRELOAD = (
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The protocol keeps private copies of stdin/stdout; fds 0-2 become /dev/null
     # so environment code that writes to them cannot corrupt frames.
-    proto_in = os.fdopen(os.dup(0), "rb")
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: select() sees what is pending
     proto_out = os.fdopen(os.dup(1), "wb")
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -102,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         except protocol.ProtocolError:
             return 0
         protocol.write_frame(proto_out, runtime.handle(request))
-        runtime.prepare()
+        # Forks for the next sessions are made once the worker is idle for a moment, so the work
+        # never delays the answer just sent (on a busy or single core it would).
+        if runtime.unprepared() and not select.select([proto_in], [], [], IDLE_BEFORE_PREPARE)[0]:
+            runtime.prepare()
 
 
 if __name__ == "__main__":
