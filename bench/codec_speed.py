@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sandbox.envhost import instantiate, public_state  # noqa: E402
+from sandbox.resident import instantiate, public_state  # noqa: E402
 
 GRAPH_MODULE = "ef_env_bench_graph"
 GRAPH_SOURCE = '''

@@ -178,10 +178,8 @@ class EnvHost:
     def runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         """What a fork runs for ``request`` (built in the fork, from the request it received)."""
         op = request.get("op")
-        if op == "init":
-            return self._init_runner(request)
-        if op == "call":
-            return self._call_runner(request)
+        if op in ("init", "call"):  # a one-off session: what a resident would answer, then exit
+            return lambda: LiveSession(self.module, self.cls).handle(request)[0]
         if op == "check":
             return functools.partial(_run_check, self.module, request)
         raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
@@ -189,12 +187,6 @@ class EnvHost:
     def live(self, request: dict[str, Any]) -> LiveSession:
         """The instance a session's resident process serves (built in the fork, from its first request)."""
         return LiveSession(self.module, self.cls)
-
-    def _init_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        return lambda: LiveSession(self.module, self.cls).handle(request)[0]
-
-    def _call_runner(self, request: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        return lambda: LiveSession(self.module, self.cls).handle(request)[0]
 
 
 def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, Any]:

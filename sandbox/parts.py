@@ -111,6 +111,20 @@ class Parts:
         encoder.depth = depth  # the codec's depth limit counts from the root of the state
         return self._part(key, value, encoder.encode(value), depth, data)
 
+    def _changed(self, key: str, value: Any, old: Part | None, depth: int, data: bytes, path: str,
+                 diff: dict[str, list[dict[str, Any]]]) -> Part:
+        """The part for a value whose bytes changed (or that is new), its change added to ``diff``."""
+        try:
+            part = self._encode(key, value, depth, data)
+        except codec.CodecError as exc:
+            exc.within(key)
+            raise
+        if old is None:
+            diff["added"].append({"path": path, "value": part.shown})
+        else:
+            _compare(old.shown, part.shown, path, diff)
+        return part
+
     def update(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
         """The encoded text of ``state`` (a tree) and its diff from the previous one.
 
@@ -129,16 +143,7 @@ class Parts:
             if old is not None and old.entries is not None and _plain_dict(value):
                 parts[name] = self._entries(name, value, old, data, path, diff)
             else:
-                try:
-                    part = self._encode(name, value, 1, data)
-                except codec.CodecError as exc:
-                    exc.within(name)
-                    raise
-                if old is None:
-                    diff["added"].append({"path": path, "value": part.shown})
-                else:
-                    _compare(old.shown, part.shown, path, diff)
-                parts[name] = part
+                parts[name] = self._changed(name, value, old, 1, data, path, diff)
         for name, old in self.parts.items():
             if name not in state:
                 diff["removed"].append({"path": pointer("", _shown_key(name)), "value": old.shown})
@@ -155,17 +160,7 @@ class Parts:
             if before is not None and before.blob == item_data:
                 entries[key] = before
                 continue
-            where = pointer(path, _shown_key(key))
-            try:
-                part = self._encode(key, item, 2, item_data)
-            except codec.CodecError as exc:
-                exc.within(key)
-                raise
-            if before is None:
-                diff["added"].append({"path": where, "value": part.shown})
-            else:
-                _compare(before.shown, part.shown, where, diff)
-            entries[key] = part
+            entries[key] = self._changed(key, item, before, 2, item_data, pointer(path, _shown_key(key)), diff)
         for key, before in old.entries.items():
             if key not in value:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import pickle
 import types
 from collections.abc import Callable
 from typing import Any
 
 from sandbox import codec, view
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
-from sandbox.parts import Parts, shares
+from sandbox.parts import Parts, blob, shares
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
 UNTOUCHED = frozenset({UNKNOWN_TOOL, INVALID_ARGUMENTS})
@@ -73,7 +72,7 @@ def _within(text: str, limit: int) -> str:
 def fingerprint(state: dict[str, Any]) -> bytes | None:
     """Bytes equal for equal graphs (identity included); None if pickle refuses the state."""
     try:
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return blob(state)
     except Exception:
         return None
 

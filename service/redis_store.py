@@ -494,7 +494,7 @@ class RedisStore:
         k = self.keys.session(session_id)
         token = secrets.token_hex(16)
         lease = min(lease, HEARTBEAT)
-        meta = await self._begin_locked(k.lock, [k.lock, *k.data()], token, wait, lease, session_id)
+        meta = await self._begin_locked([k.lock, *k.data()], token, wait, lease, session_id)
         if not meta:
             yield Held(None, token, released=True)
             return
@@ -514,19 +514,13 @@ class RedisStore:
                     self._unreleased[k.lock] = token
 
     @_translated
-    async def _begin_locked(self, lock: str, keys: list[str], token: str, wait: float, lease: float,
-                            session_id: str) -> list[str] | None:
-        await self._release_stale()
-        deadline = time.monotonic() + wait
-        delay = 0.002
-        while True:
+    async def _begin_locked(self, keys: list[str], token: str, wait: float, lease: float,
+                            session_id: str) -> list[str]:
+        async def take() -> list[str] | None:
             meta = await self._script(self._begin, keys, [token, int(lease * 1000), self._ttl_ms])
-            if meta is not None:
-                return list(meta)
-            if time.monotonic() >= deadline:
-                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            return None if meta is None else list(meta)
+
+        return await self._until_free(take, wait, session_id)
 
     def _keep_later(self, key: str, token: str, lease: float) -> Keeper:
         """Renew the lease from a third of the way through it, only if the holder is still at work
@@ -546,14 +540,27 @@ class RedisStore:
 
     @_translated
     async def _acquire(self, key: str, token: str, wait: float, lease: float, session_id: str) -> None:
+        async def take() -> bool | None:
+            return await self.client.set(key, token, nx=True, px=int(lease * 1000)) or None
+
+        await self._until_free(take, wait, session_id)
+
+    async def _until_free(self, attempt: Callable[[], Coroutine[Any, Any, T | None]], wait: float,
+                          session_id: str) -> T:
+        """Repeat ``attempt`` (taking a session's lock) with a growing pause until it gives something.
+
+        Raises:
+            LockTimeout: the session stayed locked for ``wait`` seconds.
+        """
         await self._release_stale()
         deadline = time.monotonic() + wait
         delay = 0.002
-        while not await self.client.set(key, token, nx=True, px=int(lease * 1000)):
+        while (taken := await attempt()) is None:
             if time.monotonic() >= deadline:
                 raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+        return taken
 
     async def _keep(self, key: str, token: str, held: float) -> None:
         while True:
