@@ -42,13 +42,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         cmd.set_defaults(run=cmd_synth, stages=STAGES if name == "all" else (name,))
 
 
-EXIT_OK, EXIT_CATALOG, EXIT_INPUT, EXIT_BARREN = 0, 1, 2, 3
+EXIT_OK, EXIT_CATALOG, EXIT_INPUT, EXIT_BARREN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     """0: done (and a published catalog validates); 1: the published catalog has problems;
     2: unusable configuration, or a stage's input is missing (its earlier stage has not run or kept nothing);
-    3: a stage had items and kept none (every one failed or was dropped), so the run stopped there.
+    3: a stage had items and kept none (every one failed or was dropped), so the run stopped there,
+    or the endpoint can serve no request (key refused, model unknown, server unreachable);
+    130: interrupted (Ctrl-C), after saying what the run spent and how to resume.
 
     Some items failing while others are kept does not change the exit code:
     they are listed in the summary and retried by the next run.
@@ -66,13 +68,33 @@ def cmd_synth(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
         return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {_spent(args.out)}; finished items are kept: run the same command again to resume",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERRUPTED
     print(result.table)
     print(f"summary: {args.out / '_work' / 'summary.json'}")
+    if result.stopped is not None:
+        print(f"error: {result.stopped.message}; the run stopped before sending more", file=sys.stderr)
+        return EXIT_BARREN
     barren = result.barren
     if barren is not None:
         print(f"error: {barren.stage}: none of {barren.items} items was kept; the run stopped there", file=sys.stderr)
         return EXIT_BARREN
     return EXIT_OK if result.catalog_ok else EXIT_CATALOG
+
+
+def _spent(out: Path) -> str:
+    """What the interrupted run's summary says it spent (it is written however the run ends)."""
+    import json
+
+    path = out / "_work" / "summary.json"
+    try:
+        total = json.loads(path.read_text(encoding="utf-8"))["total"]
+        tokens = int(total["prompt_tokens"]) + int(total["completion_tokens"])
+        return f"this run sent {total['requests']} requests ({tokens} tokens, ${float(total['cost']):.4f}; see {path})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"what this run spent is in {out / '_work' / 'usage.jsonl'}"
 
 
 def main(argv: list[str] | None = None) -> int:

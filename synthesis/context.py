@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -12,7 +13,7 @@ from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
 from synthesis.cache import ResponseCache
 from synthesis.config import SynthConfig
-from synthesis.errors import ConfigError, Dropped, SynthesisError
+from synthesis.errors import ConfigError, Dropped, EndpointUnusable, SynthesisError
 from synthesis.llm import LLMClient
 from synthesis.progress import Progress
 from synthesis.report import DROPPED, FAILED, KEPT, StageReport
@@ -26,7 +27,8 @@ class Context:
     def __init__(self, config: SynthConfig, out: Path, *, api_key: str | None, stream: TextIO, use_cache: bool = True) -> None:
         self.config = config
         self.workspace = Workspace(out)
-        self.ledger = Ledger(config.prices)
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        self.ledger = Ledger(config.prices, journal=self.workspace.usage, run=self.run_id)
         cache = ResponseCache(self.workspace.cache) if use_cache else None
         self.client = LLMClient(config, self.ledger, api_key=api_key, cache=cache)
         self.stream = stream
@@ -47,6 +49,7 @@ class Context:
 
     async def close(self) -> None:
         await self.client.aclose()
+        self.ledger.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -74,7 +77,11 @@ class Context:
         Kept and dropped items are finished: a rerun skips them. Failed items are
         tried again. ``work`` returns the record's fields (``status`` included) or
         raises ``Dropped``; any other ``SynthesisError`` or a sandbox error fails
-        that item only. A bug (any other exception) stops the run.
+        that item only. ``EndpointUnusable`` and bugs (any other exception) stop
+        the run: the items in progress are cancelled and get no record.
+
+        Raises:
+            EndpointUnusable: from the first item that met it.
         """
         existing = records.load()
         report = StageReport(stage)
@@ -96,17 +103,31 @@ class Context:
             report.count(record)
             progress.update(str(record["status"]))
 
-        async with asyncio.TaskGroup() as group:
-            for key in todo:
-                group.create_task(one(key))
-        progress.close()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for key in todo:
+                    group.create_task(one(key))
+        except BaseExceptionGroup as group:
+            stop = group.subgroup(EndpointUnusable)
+            if stop is not None:
+                raise _first_leaf(stop) from None
+            raise
+        finally:
+            progress.close()
         return report
+
+
+def _first_leaf(group: BaseExceptionGroup[EndpointUnusable]) -> EndpointUnusable:
+    leaf = group.exceptions[0]
+    return _first_leaf(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
 
 
 async def _attempt(key: str, work: Work) -> dict[str, Any]:
     started = time.monotonic()
     try:
         fields = await work(key)
+    except EndpointUnusable:
+        raise
     except Dropped as exc:
         fields = {"status": DROPPED, "reason": exc.reason, "detail": exc.detail}
     except SynthesisError as exc:

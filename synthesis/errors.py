@@ -5,12 +5,15 @@
     ├── LLMError          the endpoint failed us
     │   ├── LLMGaveUp     429 / 5xx / timeouts persisted for ``attempts`` tries (``last``)
     │   └── LLMRejected   the endpoint refused the request (``status``); retrying cannot help
+    ├── EndpointUnusable  no request of the run can succeed (key refused, model unknown, server unreachable):
+    │                     the run stops at once (``cause``)
     ├── ParseError        one answer does not have the required format (``reason``)
     ├── AnswerRejected    every answer, re-asks included, failed to parse (``template``, ``attempts``)
     └── Dropped           an item is rejected on its merits (``reason`` code, ``detail``)
 
 ``Dropped`` is an outcome, not a failure: the item is finished and a rerun
-skips it. Every other error marks the item failed; a rerun tries it again.
+skips it. ``EndpointUnusable`` stops the whole run. Every other error marks the
+item failed; a rerun tries it again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,15 @@ class LLMRejected(LLMError):
         self.model = model
         self.status = status
         self.body = body
+
+
+class EndpointUnusable(SynthesisError):
+    """An answer no item can get past: the key is refused (401, 403), the model is unknown (404), or the
+    server stays unreachable after its retries. Not an ``LLMError``: nothing may fall back from it."""
+
+    def __init__(self, cause: LLMError) -> None:
+        super().__init__(f"the endpoint cannot serve this run: {cause.message}")
+        self.cause = cause
 
 
 class ParseError(SynthesisError):

@@ -6,6 +6,12 @@ implementations. It bounds requests in flight, retries 429, 5xx, timeouts and
 connection errors with exponential backoff (honouring ``Retry-After``) and
 gives up after ``max_attempts`` with ``LLMGaveUp``; answers are cached on
 disk by content, and identical requests in flight at once are sent once.
+
+An answer no request can get past (the key refused, the model unknown, the
+server unreachable after its retries) raises ``EndpointUnusable`` for that
+request and every later one, without sending them. Until a first answer has
+come back, requests go one at a time, so a hopeless endpoint costs one request
+(and its retries), not one per item in flight.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import httpx
 
 from synthesis.cache import ResponseCache, request_key
 from synthesis.config import Role, SynthConfig
-from synthesis.errors import LLMGaveUp, LLMRejected
+from synthesis.errors import EndpointUnusable, LLMGaveUp, LLMRejected
 from synthesis.usage import Ledger
 
 Message = dict[str, str]
@@ -35,11 +41,17 @@ class Completion:
     key: str = ""  # the cache key of the request, so an answer that proves unusable can be forgotten
 
 
+# Refusals that no other request of the run would escape: a bad key, or a model (or URL) the endpoint lacks.
+# A 404 from /embeddings is not one: deduplication falls back to lexical similarity.
+_HOPELESS = {"chat/completions": {401, 403, 404}, "embeddings": {401, 403}}
+
+
 class _Retryable(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+    def __init__(self, reason: str, retry_after: float | None = None, *, unreachable: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        self.unreachable = unreachable  # no connection could be made at all
 
 
 class LLMClient:
@@ -61,6 +73,9 @@ class LLMClient:
         )
         self._slots = asyncio.Semaphore(concurrency or config.run.concurrency)
         self._inflight: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._proven = False  # an answer came back: requests may go concurrently
+        self._alone = asyncio.Lock()  # until then, one at a time
+        self._unusable: EndpointUnusable | None = None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -74,7 +89,8 @@ class LLMClient:
 
         Raises:
             LLMGaveUp: retryable failures persisted for ``llm.max_attempts`` tries.
-            LLMRejected: the endpoint refused the request (bad model name, bad key, ...).
+            LLMRejected: the endpoint refused this request (HTTP 400, 422, ...).
+            EndpointUnusable: no request can succeed (key refused, model unknown, server unreachable).
         """
         body: dict[str, Any] = {
             "model": self.config.model_for(role),
@@ -95,7 +111,7 @@ class LLMClient:
         """One vector per text, in order, from ``llm.embedding_model``.
 
         Raises:
-            LLMGaveUp, LLMRejected: as for ``chat``.
+            LLMGaveUp, LLMRejected, EndpointUnusable: as for ``chat``.
         """
         body = {"model": self.config.model_for("embedding"), "input": texts}
         data, _, _ = await self._cached("embeddings", body, "embedding", stage, _check_embeddings, "")
@@ -136,22 +152,45 @@ class LLMClient:
     async def _post(
         self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check, label: str
     ) -> dict[str, Any]:
+        if not self._proven:
+            async with self._alone:
+                if not self._proven:
+                    return await self._tries(endpoint, body, role, stage, check, label)
+        return await self._tries(endpoint, body, role, stage, check, label)
+
+    async def _tries(
+        self, endpoint: str, body: dict[str, Any], role: Role, stage: str, check: Check, label: str
+    ) -> dict[str, Any]:
         attempts = self.config.llm.max_attempts
         model = str(body["model"])
-        last = ""
+        last: _Retryable | None = None
         for attempt in range(1, attempts + 1):
+            if self._unusable is not None:
+                raise self._unusable
             self.ledger.request(stage)
             try:
                 data = await self._send(endpoint, body, model, check, label)
             except _Retryable as exc:
-                last = exc.reason
+                last = exc
                 if attempt < attempts:
                     await asyncio.sleep(self._delay(attempt, exc.retry_after))
                 continue
+            except LLMRejected as exc:
+                if exc.status in _HOPELESS[endpoint]:
+                    self._unusable = EndpointUnusable(exc)
+                    raise self._unusable from None
+                self._proven = True
+                raise
+            self._proven = True
             usage = data.get("usage") or {}
             self.ledger.answer(stage, role, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
             return data
-        raise LLMGaveUp(endpoint, model, attempts, last)
+        assert last is not None
+        gave_up = LLMGaveUp(endpoint, model, attempts, last.reason)
+        if last.unreachable:
+            self._unusable = EndpointUnusable(gave_up)
+            raise self._unusable
+        raise gave_up
 
     async def _send(self, endpoint: str, body: dict[str, Any], model: str, check: Check, label: str) -> dict[str, Any]:
         header = self.config.llm.label_header
@@ -161,6 +200,8 @@ class LLMClient:
                 response = await self._http.post(endpoint, json=body, headers=headers)
             except httpx.TimeoutException:
                 raise _Retryable(f"no answer within {self.config.llm.timeout:g} s") from None
+            except httpx.ConnectError as exc:
+                raise _Retryable(f"connection failed: {type(exc).__name__}: {exc}", unreachable=True) from None
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {type(exc).__name__}: {exc}") from None
         status = response.status_code

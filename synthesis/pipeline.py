@@ -11,7 +11,9 @@ that had items and kept none stops the run: the next one would have no input.
 
 ``_work/summary.json`` holds every run made into the folder (``runs``) and
 their sum (``cumulative``), so the cost of a resumed run adds up; its
-``stages``, ``usage`` and ``total`` describe the latest run.
+``stages``, ``usage`` and ``total`` describe the latest run. A run killed
+before writing it is still counted: ``_work/usage.jsonl`` booked each of its
+requests as it was sent.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any, TextIO
 from synthesis import assess, dedup, publish, scenarios, skeleton, themes
 from synthesis.config import SynthConfig
 from synthesis.context import Context
+from synthesis.errors import EndpointUnusable
 from synthesis.report import StageReport, render
-from synthesis.usage import Usage
+from synthesis.usage import Usage, read_journal
 
 STAGES = ("themes", "skeletons", "assess", "scenarios")
 _STEPS: dict[str, list[Callable[[Context], Awaitable[StageReport]]]] = {
@@ -43,6 +46,7 @@ class RunResult:
     reports: list[StageReport]
     summary: dict[str, Any]
     table: str
+    stopped: EndpointUnusable | None = None  # the endpoint could serve no request: the run stopped at once
 
     @property
     def catalog_ok(self) -> bool:
@@ -66,42 +70,63 @@ async def run(
 ) -> RunResult:
     """Run ``stages`` (in pipeline order) into ``out``; write ``_work/summary.json``.
 
+    The summary is written however the run ends: finished, stopped by an unusable
+    endpoint, interrupted (Ctrl-C), or by a bug; a run killed outright leaves its
+    spending in ``_work/usage.jsonl``, which the next run's summary adds in.
+
     Raises:
         ConfigError: a stage's input is missing (e.g. no corpus, no earlier stage output).
     """
     ctx = Context(config, out, api_key=api_key, stream=stream if stream is not None else sys.stderr, use_cache=use_cache)
     reports: list[StageReport] = []
     started = time.time()
+    stopped: EndpointUnusable | None = None
+    ending = "interrupted"  # what the summary says unless the run gets to the end or is stopped
     try:
         for step in (step for stage in STAGES if stage in stages for step in _STEPS[stage]):
             reports.append(await step(ctx))
             if reports[-1].barren:
                 break
+        ending = "finished"
+    except EndpointUnusable as exc:
+        stopped, ending = exc, "endpoint_unusable"
     finally:
         await ctx.close()
-    this_run = {
-        "started": round(started, 3), "stages_run": list(stages),
-        "stages": [r.to_json(ctx.ledger.of(r.stage)) for r in reports],
-        "usage": {stage: usage.to_json() for stage, usage in ctx.ledger.stages.items()},
-        "total": ctx.ledger.total().to_json(),
-    }  # fmt: skip
-    summary = _accumulate(ctx.workspace.read_json(ctx.workspace.summary), this_run)
-    ctx.workspace.write_json(ctx.workspace.summary, summary)
+        this_run = {
+            "run": ctx.run_id, "started": round(started, 3), "stages_run": list(stages), "ending": ending,
+            "stages": [r.to_json(ctx.ledger.of(r.stage)) for r in reports],
+            "usage": {stage: usage.to_json() for stage, usage in ctx.ledger.stages.items()},
+            "total": ctx.ledger.total().to_json(),
+        }  # fmt: skip
+        summary = accumulate(ctx.workspace.read_json(ctx.workspace.summary), read_journal(ctx.workspace.usage), this_run)
+        ctx.workspace.write_json(ctx.workspace.summary, summary)
     table = render(reports, ctx.ledger)
     total = summary["cumulative"]["total"]
     if len(summary["runs"]) > 1:
         table += (f"\nall {len(summary['runs'])} runs into this folder: {total['requests']} requests, "
                   f"{total['prompt_tokens'] + total['completion_tokens']} tokens, ${total['cost']:.4f}")  # fmt: skip
-    return RunResult(reports, summary, table)
+    return RunResult(reports, summary, table, stopped)
 
 
-def _accumulate(previous: Any, this_run: dict[str, Any]) -> dict[str, Any]:
-    """The summary with ``this_run`` added to the runs an earlier summary recorded (an unreadable one counts as none)."""
+def accumulate(previous: Any, journal: dict[str, dict[str, Usage]], this_run: dict[str, Any]) -> dict[str, Any]:
+    """The summary with ``this_run`` added to the runs before it, and their sum.
+
+    The runs before it are those an earlier summary recorded (an unreadable one counts as none) plus those
+    only the usage journal knows: runs killed before they could write a summary (``ending: killed``).
+    """
     runs: list[dict[str, Any]] = []
     if isinstance(previous, dict) and isinstance(previous.get("runs"), list):
         runs = [r for r in previous["runs"] if isinstance(r, dict)]
     elif isinstance(previous, dict) and isinstance(previous.get("usage"), dict):
         runs = [previous]  # a summary written before runs were kept: one run
+    known = {r.get("run") for r in runs} | {this_run["run"]}
+    for run_id, stages in journal.items():
+        if run_id not in known:
+            total = Usage()
+            for usage in stages.values():
+                total.add(usage)
+            runs.append({"run": run_id, "ending": "killed", "usage": {k: v.to_json() for k, v in stages.items()},
+                         "total": total.to_json()})  # fmt: skip
     runs.append(this_run)
     per_stage: dict[str, Usage] = {}
     for run_ in runs:
@@ -111,4 +136,5 @@ def _accumulate(previous: Any, this_run: dict[str, Any]) -> dict[str, Any]:
     for usage in per_stage.values():
         total.add(usage)
     cumulative = {"usage": {k: v.to_json() for k, v in per_stage.items()}, "total": total.to_json()}
-    return {**{k: this_run[k] for k in ("stages", "usage", "total")}, "runs": runs, "cumulative": cumulative}
+    return {**{k: this_run[k] for k in ("run", "ending", "stages", "usage", "total")}, "runs": runs,
+            "cumulative": cumulative}  # fmt: skip

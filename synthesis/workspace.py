@@ -7,7 +7,8 @@
     <out>/_work/assessments.jsonl   one record per environment, with the full log
     <out>/_work/scenarios.jsonl  one record per candidate scenario
     <out>/_work/cache/           LLM responses by content hash
-    <out>/_work/summary.json     the last run's summary
+    <out>/_work/usage.jsonl      every request, answer and cache hit, as it happens
+    <out>/_work/summary.json     every run's usage and the latest run's summary
 
 The catalog loader only reads folders holding an ``env.json``, and ``_work``
 never does; environment ids are snake_case, so none can be ``_work``.
@@ -68,6 +69,7 @@ class Workspace:
         self.environments = self.work / "environments.json"
         self.cache = self.work / "cache"
         self.summary = self.work / "summary.json"
+        self.usage = self.work / "usage.jsonl"
         self.published = self.work / "published.json"
 
     def read_json(self, path: Path) -> Any:

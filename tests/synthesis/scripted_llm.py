@@ -13,10 +13,17 @@ An answer file whose first line is ``<!-- finish_reason: length -->`` is sent
 as cut off at the token limit. ``<root>/faults.json`` maps ``E/T/I`` to the
 faults its first requests get, in order: ``"429"``, ``"500"``, ``"503"``,
 ``"junk"`` (200 with a body that is not JSON), ``"timeout"`` (an answer later
-than the client waits), or ``"always503"``.
+than the client waits), or ``"always503"``; any other number is answered with that status.
 
-Embeddings are hashed bags of words (similar texts get similar vectors) for
-the model ``scripted-embed``; any other model is unknown (404), as at OpenAI.
+``required_key`` set, a request without ``Authorization: Bearer <required_key>``
+is refused with 401, as OpenAI refuses a wrong key; ``delay`` seconds pass
+before each chat answer (to interrupt a run while requests are in flight).
+``received`` counts requests on arrival, before any answer.
+
+Chat models are ``gen-large`` and ``gen-small``; a missing answer file is a 400
+(this request only). Embeddings are hashed bags of words (similar texts get
+similar vectors) for the model ``scripted-embed``. Any other model is unknown
+(404), as at OpenAI.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from tests.conftest import free_port
 LABEL_HEADER = "X-Synth-Label"
 LABEL = re.compile(r"^template=(\S+) env=(\S+) item=(\S+) turn=(\d+)$")
 EMBED_MODEL = "scripted-embed"
+CHAT_MODELS = frozenset({"gen-large", "gen-small"})
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset("a an and are as at be by for from in into is it its of on or that the their this to with".split())
 
@@ -63,6 +71,9 @@ class ScriptedLLM:
     missing: list[str] = field(default_factory=list)
     conversations: dict[str, list[list[dict[str, str]]]] = field(default_factory=dict)  # route -> messages sent
     authorizations: list[str | None] = field(default_factory=list)
+    required_key: str | None = None
+    delay: float = 0.0
+    received: int = 0
     _seen: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -81,6 +92,7 @@ class ScriptedLLM:
             self.conversations.clear()
             self.authorizations.clear()
             self._seen.clear()
+            self.required_key, self.delay, self.received = None, 0.0, 0
 
     def count(self, prefix: str = "") -> int:
         with self._lock:
@@ -125,8 +137,17 @@ class ScriptedLLM:
         template, env, item, turn_text = match.groups()
         route, turn = f"{env}/{template}/{item}", int(turn_text)
         with self._lock:
+            self.received += 1
             self.conversations.setdefault(route, []).append(messages)
             self.authorizations.append(request.headers.get("authorization"))
+        refused = self._refused(request, route, turn)
+        if refused is not None:
+            return refused
+        if body["model"] not in CHAT_MODELS:
+            self._log(route, turn, 404)
+            return JSONResponse({"error": {"message": f"The model `{body['model']}` does not exist"}}, 404)
+        if self.delay:
+            await asyncio.sleep(self.delay)
         faulted = await self._faulted(route, turn)
         if faulted is not None:
             return faulted
@@ -138,8 +159,8 @@ class ScriptedLLM:
         else:
             with self._lock:
                 self.missing.append(f"{route} turn {turn}")
-            self._log(route, turn, 404)
-            return JSONResponse({"error": {"message": f"no scripted answer for {route} turn {turn}"}}, 404)
+            self._log(route, turn, 400)  # this request only: other items may have their answers
+            return JSONResponse({"error": {"message": f"no scripted answer for {route} turn {turn}"}}, 400)
         finish = "stop"
         if text.startswith("<!-- finish_reason: length -->\n"):
             text, finish = text.split("\n", 1)[1], "length"
@@ -154,8 +175,20 @@ class ScriptedLLM:
                       "total_tokens": prompt_tokens + completion_tokens},
         })  # fmt: skip
 
+    def _refused(self, request: Request, route: str, turn: int) -> Response | None:
+        if self.required_key is None or request.headers.get("authorization") == f"Bearer {self.required_key}":
+            return None
+        self._log(route, turn, 401)
+        return JSONResponse({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                       "code": "invalid_api_key"}}, 401)  # fmt: skip
+
     async def embeddings(self, request: Request) -> Response:
         body = await request.json()
+        with self._lock:
+            self.received += 1
+        refused = self._refused(request, "embeddings", 0)
+        if refused is not None:
+            return refused
         faulted = await self._faulted("embeddings", 0)
         if faulted is not None:
             return faulted

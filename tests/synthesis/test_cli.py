@@ -131,3 +131,75 @@ def test_usage_accumulates_across_resumed_runs(tmp_path: Path, llm: Running, cap
     for key in ("requests", "prompt_tokens", "completion_tokens"):
         assert total[key] == first_run[key] + second_run[key]
     assert f"all 2 runs into this folder: {total['requests']} requests" in capsys.readouterr().out
+
+
+def test_a_refused_key_costs_one_request_then_exits_3_naming_the_cause(
+    tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    llm.script.required_key = "sk-right"
+    monkeypatch.setenv("SYNTH_TEST_KEY", "sk-revoked")
+    config = write_config(tmp_path, llm.url, llm={"api_key_env": "SYNTH_TEST_KEY", "max_attempts": 5})
+    assert synth(tmp_path, "all", config) == 3  # the fixture corpus: 10 tasks, 4 at a time
+    assert llm.script.received == 1
+    err = capsys.readouterr().err
+    assert "error: the endpoint cannot serve this run: chat/completions (gen-large): the endpoint refused the request " \
+           "with HTTP 401" in err and "Incorrect API key provided" in err  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "_work" / "summary.json").read_text())
+    assert (summary["ending"], summary["total"]["requests"]) == ("endpoint_unusable", 1)
+    assert not (tmp_path / "out" / "_work" / "themes.jsonl").exists()  # no item recorded as failed: all are retried
+
+
+def start_synth(tmp_path: Path, config: Path, stage: str = "themes") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "synthesis.cli", "synth", stage, "--config", str(config), "--out",
+                             str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def wait_for_requests(llm: Running, process: subprocess.Popen[str], count: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while llm.script.received < count:
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.01)
+    time.sleep(llm.script.delay / 2)  # between a burst of requests and their answers: none half-sent
+
+
+def test_a_run_killed_and_resumed_adds_up_to_the_requests_the_server_received(tmp_path: Path, llm: Running) -> None:
+    import json
+    import signal
+
+    llm.script.delay = 0.3
+    config = write_config(tmp_path, llm.url)
+    process = start_synth(tmp_path, config)
+    wait_for_requests(llm, process, 3)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    killed_requests = llm.script.received
+    assert not (tmp_path / "out" / "_work" / "summary.json").exists()  # it had no chance to write one
+    llm.script.delay = 0.0
+    assert synth(tmp_path, "themes", config) == 0
+    summary = json.loads((tmp_path / "out" / "_work" / "summary.json").read_text())
+    killed, resumed = summary["runs"]
+    assert (killed["ending"], killed["total"]["requests"]) == ("killed", killed_requests)
+    assert killed["total"]["cost"] > 0 and resumed["ending"] == "finished"
+    assert summary["cumulative"]["total"]["requests"] == llm.script.received > killed_requests
+
+
+def test_ctrl_c_exits_130_saying_what_was_spent_and_how_to_resume(tmp_path: Path, llm: Running) -> None:
+    import json
+    import signal
+
+    llm.script.delay = 0.3
+    process = start_synth(tmp_path, write_config(tmp_path, llm.url))
+    wait_for_requests(llm, process, 3)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    summary = json.loads((tmp_path / "out" / "_work" / "summary.json").read_text())
+    assert (summary["ending"], summary["total"]["requests"]) == ("interrupted", llm.script.received)
+    tokens = summary["total"]["prompt_tokens"] + summary["total"]["completion_tokens"]
+    assert f"interrupted: this run sent {llm.script.received} requests ({tokens} tokens, $" in err
+    assert "run the same command again to resume" in err and "Traceback" not in err

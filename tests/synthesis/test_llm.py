@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from synthesis.cache import ResponseCache
-from synthesis.errors import LLMGaveUp, LLMRejected
+from synthesis.errors import EndpointUnusable, LLMGaveUp, LLMRejected
 from synthesis.llm import LLMClient
 from synthesis.prompts import render
 from synthesis.usage import Ledger
@@ -74,14 +74,61 @@ async def test_a_timeout_on_every_attempt_gives_up_naming_the_timeout(llm: Runni
         await c.aclose()
 
 
-async def test_a_refused_request_is_not_retried(llm: Running) -> None:
+async def test_a_refused_request_is_not_retried_and_other_requests_still_go(llm: Running) -> None:
     c = client(llm, max_attempts=5)
     try:
         with pytest.raises(LLMRejected) as caught:
-            await c.chat("generator", messages("no-such-item"), stage="themes", label=label("no-such-item"))
+            await c.chat("generator", messages("bad-request"), stage="themes", label=label("bad-request"))
+        await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
     finally:
         await c.aclose()
-    assert caught.value.status == 404 and llm.script.count() == 1
+    assert caught.value.status == 400 and llm.script.count("unit/theme_judge/bad-request") == 1
+    assert llm.script.count() == 2
+
+
+async def test_a_refused_key_costs_one_request_and_stops_every_other(llm: Running) -> None:
+    llm.script.required_key = "sk-right"
+    c = client(llm, api_key="sk-wrong", max_attempts=5)
+    try:
+        outcomes = await asyncio.gather(*(c.chat("generator", messages(item), stage="themes", label=label(item))
+                                          for item in ("keep", "flaky", "concurrent", "slow")), return_exceptions=True)
+        with pytest.raises(EndpointUnusable):  # later requests are not sent either
+            await c.chat("generator", messages("keep") + [{"role": "user", "content": "again"}], stage="themes",
+                         label=label("keep"))  # fmt: skip
+    finally:
+        await c.aclose()
+    assert all(isinstance(o, EndpointUnusable) for o in outcomes), outcomes
+    assert llm.script.received == 1 and c.ledger.of("themes").requests == 1
+    cause = outcomes[0].cause  # type: ignore[union-attr]
+    assert isinstance(cause, LLMRejected) and cause.status == 401
+    assert "the endpoint cannot serve this run" in str(outcomes[0]) and "Incorrect API key provided" in str(outcomes[0])
+
+
+async def test_an_unknown_model_stops_the_run_but_a_missing_embedding_model_does_not(llm: Running) -> None:
+    config = make_config(llm.url, llm={"embedding_model": "text-embedding-missing"}, models={"generator": "gen-huge"})
+    c = LLMClient(config, Ledger(config.prices))
+    try:
+        with pytest.raises(LLMRejected, match="404"):
+            await c.embed(["x"], stage="dedup")
+        with pytest.raises(EndpointUnusable, match="The model `gen-huge` does not exist"):
+            await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
+    finally:
+        await c.aclose()
+
+
+async def test_an_unreachable_server_is_given_its_retries_then_stops_the_run() -> None:
+    from tests.conftest import free_port
+
+    config = make_config(f"http://127.0.0.1:{free_port()}/v1", llm={"max_attempts": 3})
+    c = LLMClient(config, Ledger(config.prices))
+    try:
+        outcomes = await asyncio.gather(*(c.chat("generator", messages(item), stage="themes", label=label(item))
+                                          for item in ("keep", "flaky", "concurrent")), return_exceptions=True)
+    finally:
+        await c.aclose()
+    assert all(isinstance(o, EndpointUnusable) for o in outcomes), outcomes
+    assert "gave up after 3 attempts; last error: connection failed: ConnectError" in str(outcomes[0])
+    assert c.ledger.of("themes").requests == 3  # one request's retries, not one per request
 
 
 async def test_cached_answers_cost_no_request_and_survive_a_new_client(llm: Running, tmp_path: Path) -> None:

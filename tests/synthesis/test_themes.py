@@ -75,7 +75,7 @@ async def test_an_item_that_fails_is_recorded_and_the_others_finish(contexts: An
     report = await themes.run(ctx)
     records = ctx.workspace.themes.load()
     assert records["t01"]["status"] == "kept" and records["t99"]["status"] == "failed"
-    assert "HTTP 404" in records["t99"]["error"] and report.failed[0][0] == "t99"
+    assert "HTTP 400" in records["t99"]["error"] and report.failed[0][0] == "t99"
 
 
 @pytest.mark.anyio
