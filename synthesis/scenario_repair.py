@@ -4,7 +4,8 @@ The model sees the failing check, the replayed calls with their results, every
 check's outcome after and before the solution, and the final state, and says
 what was wrong: a ``check`` (rewritten), the ``solution`` (rewritten), the
 ``task`` (the draft is abandoned for a fresh one) or the ``environment`` (a
-tool that computes a wrong result; the draft is abandoned and the diagnosis kept).
+named tool computes a wrong result: ``env_repair`` repairs the tool or drops
+the environment).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ScenarioFix:
     reason: str
     checks: dict[int, dict[str, str]] = field(default_factory=dict)  # 0-based index -> new "kind" and/or "source"
     calls: list[Call] | None = None
+    tool: str | None = None  # the tool at fault, for "environment"
 
     def changed(self) -> list[str]:
         checks = [f"check {i + 1} {' and '.join(sorted(self.checks[i]))}" for i in sorted(self.checks)]
@@ -64,7 +66,10 @@ def parse_fix(answer: str, tools: set[str], n_checks: int) -> ScenarioFix:
         raise ParseError('diagnosis "check" needs "checks": the new check_func or kind of each item at fault')
     if diagnosis == "solution" and calls is None:
         raise ParseError('diagnosis "solution" needs "calls": the complete corrected list of calls')
-    return ScenarioFix(diagnosis, reason, checks, calls)
+    tool = None
+    if diagnosis == "environment":
+        tool = p.choice(data, "tool", "answer", tuple(sorted(tools)))
+    return ScenarioFix(diagnosis, reason, checks, calls, tool)
 
 
 def apply(draft: Draft, fix: ScenarioFix) -> Draft:

@@ -5,9 +5,14 @@ its initial state from the environment's ``states_per_env`` states (each
 asked for alone), then writes drafts (task, checklist, checks, solution) until
 one validates: a draft whose replay fails is repaired from the evidence up to
 ``repair.scenario_attempts`` times, and a slot writes up to
-``repair.drafts_per_scenario`` drafts. The record keeps every validation
-(``history``) with its evidence: the replayed calls, the checks' outcomes and
-the final state.
+``repair.drafts_per_scenario`` drafts. A repair that blames the environment
+sends the tool it names back through tool repair (``env_repair``): the same
+draft is validated again with the repaired tool, or the environment is dropped.
+The record keeps every validation (``history``) with its evidence: the
+replayed calls, the checks' outcomes and the final state, and the revision of
+the environment's code it was validated against (``env_revision``); a kept
+scenario of an environment repaired since is replayed again, and one that no
+longer validates is marked failed, so a rerun drafts it afresh.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from typing import Any
 
 from service.catalog import Environment
 from synthesis import dedup, drafts, replay, scenario_repair, states
-from synthesis.answers import InitState
+from synthesis.answers import Call, InitState
 from synthesis.context import Context
-from synthesis.errors import AnswerRejected
+from synthesis.drafts import Draft
+from synthesis.env_repair import EnvironmentRepair, revision
+from synthesis.errors import AnswerRejected, Dropped
 from synthesis.prompts import shown
-from synthesis.report import DROPPED, KEPT, StageReport
+from synthesis.report import DROPPED, FAILED, KEPT, StageReport
 from synthesis.skeleton import environment
 
 STAGE = "scenarios"
@@ -40,6 +47,7 @@ async def run(ctx: Context) -> StageReport:
     ctx.required(ctx.workspace.assessments, "assess", assessed)
     count, n_states = ctx.config.run.scenarios_per_env, ctx.config.states_per_env()
     envs = {env_id: environment(skeletons[env_id], assessments[env_id]) for env_id in sorted(assessed)}
+    repairs = EnvironmentRepair(ctx, envs, stage=STAGE)
     owner = {key: env_id for env_id in envs for key in scenario_keys(env_id, count)}
     pending: dict[tuple[str, int], asyncio.Task[InitState]] = {}  # slots sharing a state share its request
 
@@ -51,12 +59,15 @@ async def run(ctx: Context) -> StageReport:
         return pending[env.env_id, index]
 
     async def work(key: str) -> dict[str, Any]:
-        env = envs[owner[key]]
+        env = repairs.current(owner[key])
         index = scenario_keys(env.env_id, count).index(key) % n_states
-        return await make(ctx, env, key, await asyncio.shield(state(env, index)))
+        seed = await asyncio.shield(state(env, index))
+        return await make(ctx, repairs.current(owner[key]), key, seed, repairs)
 
     try:
         report = await ctx.run_items(STAGE, sorted(owner), ctx.workspace.scenarios, work)
+        report.notes.extend(repairs.notes())
+        await _revalidate(ctx, envs, owner, report)
         records = ctx.workspace.scenarios.load()
         for key in sorted(owner):
             history = (records.get(key) or {}).get("history") or []
@@ -74,8 +85,15 @@ async def run(ctx: Context) -> StageReport:
                 task.exception()  # retrieved: each item already recorded it
 
 
-async def make(ctx: Context, env: Environment, key: str, seed: InitState) -> dict[str, Any]:
-    """Drafts, validations and repairs for one slot, within the configured bounds."""
+async def make(ctx: Context, env: Environment, key: str, seed: InitState,
+               repairs: EnvironmentRepair | None = None) -> dict[str, Any]:  # fmt: skip
+    """Drafts, validations and repairs for one slot, within the configured bounds.
+
+    ``repairs`` acts on a diagnosis that blames the environment; without it, such a draft is abandoned.
+
+    Raises:
+        Dropped: the environment was dropped because a tool a scenario found wrong could not be repaired.
+    """
     pool = await ctx.pool()
     initial = await states.instantiate(pool, env, seed.init_config)
     view = shown(states.view(initial), 12000)
@@ -90,7 +108,7 @@ async def make(ctx: Context, env: Environment, key: str, seed: InitState) -> dic
         for attempt in range(bounds.scenario_attempts + 1):
             validation = await replay.replay(pool, env, initial, draft.calls, draft.checks)
             record = {"scenario": draft.scenario(key, env.env_id, seed).to_json(), "kinds": [c.kind for c in draft.checks],
-                      "sub_goals": draft.spec.sub_goals}  # fmt: skip
+                      "sub_goals": draft.spec.sub_goals, "env_revision": revision(env)}  # fmt: skip
             entry: dict[str, Any] = {"draft": d, "attempt": attempt, "result": validation.reason or "valid",
                                      "detail": validation.detail}  # fmt: skip
             history.append(entry)
@@ -108,6 +126,20 @@ async def make(ctx: Context, env: Environment, key: str, seed: InitState) -> dic
                 entry["diagnosis"] = {"diagnosis": "none", "reason": f"no usable repair: {exc.last}"}
                 break
             entry["diagnosis"] = {"diagnosis": fix.diagnosis, "reason": fix.reason, "changed": fix.changed()}
+            if fix.diagnosis == "environment" and fix.tool is not None and repairs is not None:
+                entry["diagnosis"]["tool"] = fix.tool
+                blamed = {"scenario_task": draft.spec.task, "diagnosis": fix.reason,
+                          "validation": f"{validation.reason}: {validation.detail}", "calls_replayed": validation.trace,
+                          "failing_checks": [draft.checks[i].source for i in validation.failing_checks()],
+                          "final_state": shown(final, 4000)}  # fmt: skip
+                try:
+                    env = await repairs.blame(env, fix.tool, key, blamed, _verifier(pool, seed, draft))
+                except Dropped as exc:
+                    entry["diagnosis"]["changed"] = [f"environment dropped: {exc.detail}"]
+                    raise
+                entry["diagnosis"]["changed"] = [f"tool {fix.tool} repaired"]
+                initial = await states.instantiate(pool, env, seed.init_config)
+                continue  # the same draft, validated again with the repaired tool
             if fix.diagnosis in ("task", "environment"):
                 break  # nothing to patch in this draft: a fresh one, if the budget allows
             draft = scenario_repair.apply(draft, fix)
@@ -115,3 +147,43 @@ async def make(ctx: Context, env: Environment, key: str, seed: InitState) -> dic
         abandoned.append(f"{draft.spec.task} (abandoned: {reason})")
     last = history[-1]
     return {**record, "status": DROPPED, "reason": last["result"], "detail": last["detail"], "history": history}
+
+
+def _verifier(pool: Any, seed: InitState, draft: Draft) -> Any:
+    """Accepts a rewritten environment when ``draft`` validates with it (None), else says why not."""
+
+    async def verify(candidate: Environment) -> str | None:
+        try:
+            start = await states.instantiate(pool, candidate, seed.init_config)
+        except Dropped as exc:
+            return f"{exc.reason}: {exc.detail}"
+        validation = await replay.replay(pool, candidate, start, draft.calls, draft.checks)
+        return None if validation.reason is None else f"{validation.reason}: {validation.detail}"
+
+    return verify
+
+
+async def _revalidate(ctx: Context, envs: dict[str, Environment], owner: dict[str, str], report: StageReport) -> None:
+    """Replay kept scenarios validated against code their environment no longer has; mark failed those that broke."""
+    records = ctx.workspace.scenarios.load()
+    for key in sorted(owner):
+        record, env = records.get(key), envs[owner[key]]
+        if record is None or record.get("status") != KEPT or record.get("env_revision") in (None, revision(env)):
+            continue
+        scenario = record["scenario"]
+        checks = [replay.Check(c["item"], kind, c["check"]) for c, kind in zip(scenario["checklist"], record["kinds"], strict=True)]
+        calls = [Call(c["name"], c["arguments"]) for c in scenario.get("reference_solution") or []]
+        pool = await ctx.pool()
+        try:
+            initial = await states.instantiate(pool, env, scenario["init_config"])
+            validation = await replay.replay(pool, env, initial, calls, checks)
+            problem = None if validation.reason is None else f"{validation.reason}: {validation.detail}"
+        except Dropped as exc:
+            problem = f"{exc.reason}: {exc.detail}"
+        if problem is None:
+            ctx.workspace.scenarios.append({**record, "env_revision": revision(env)})
+            continue
+        error = f"no longer valid after its environment was repaired ({problem}); a rerun drafts it again"
+        ctx.workspace.scenarios.append({**record, "status": FAILED, "error": error})
+        report.kept -= 1
+        report.failed.append((key, error))

@@ -12,6 +12,7 @@ failing, which drops the environment. Nothing labelled fail ships.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox.errors import RequestFailed
@@ -67,20 +68,34 @@ async def repair(ctx: Context, env: Environment, probing: Probing, *, stage: str
     return env, summary
 
 
-async def _attempt(ctx: Context, env: Environment, tool: str, attempt: int, probing: Probing, earlier: list[str],
-                   *, stage: str) -> tuple[Environment | None, str]:  # fmt: skip
-    """One rewrite of ``tool`` and its re-assessment: the repaired environment (None if not) and a one-line result.
+async def rewrite(ctx: Context, env: Environment, tool: str, failures: list[dict[str, Any]], *, item: str,
+                  verify: Callable[[Environment], Awaitable[str | None]], stage: str,
+                  ) -> tuple[Environment | None, list[str]]:  # fmt: skip
+    """Rewrites of ``tool`` from ``failures`` until ``verify`` (None: fixed, else what is still wrong) accepts one,
+    at most ``repair.tool_attempts``: the repaired environment (None if none was accepted) and each rewrite's result."""
+    earlier: list[str] = []
+    for attempt in range(1, ctx.config.repair.tool_attempts + 1):
+        candidate, result = await _candidate(ctx, env, tool, failures, f"{item}-fix{attempt}", earlier, stage=stage)
+        if candidate is not None:
+            problem = await verify(candidate)
+            result = f"still wrong: {problem}" if problem else "repaired: the scenario validates with it"
+            candidate = None if problem else candidate
+        earlier.append(f"rewrite {attempt}: {result}")
+        ctx.note(stage, f"{env.env_id}: repair of {tool}, attempt {attempt}: {result}")
+        if candidate is not None:
+            return candidate, earlier
+    return None, earlier
+
+
+async def _candidate(ctx: Context, env: Environment, tool: str, failures: list[dict[str, Any]], item: str,
+                     earlier: list[str], *, stage: str) -> tuple[Environment | None, str]:  # fmt: skip
+    """One rewrite of ``tool`` that loads in the sandbox (None if not) and, if not, why.
 
     ``earlier``: what became of the previous rewrites; the model sees it (and the request differs from the
     previous one, which the cache would otherwise answer with the same rewrite).
     """
-    entries = [e for e in probing.log if e.get("tool") == tool]
-    failures = [{"arguments": e["arguments"], "intent": e["intent"], "expectation": e["expectation"],
-                 "started_from": shown(states.view(probing.before[e["round"]]), 2500), "returned": e["result"],
-                 "error": e["error"], "state_changes": e["diff"], "reviewer": e["reason"]}
-                for e in entries if e["verdict"] == "fail"]  # fmt: skip
     rules = "\n".join(f"- {rule}" for rule in env.rules)
-    prompt = render("tool_repair", env=env.env_id, item=f"{tool}-fix{attempt}", tool=tool, class_name=env.class_name,
+    prompt = render("tool_repair", env=env.env_id, item=item, tool=tool, class_name=env.class_name,
                     rules=rules, code=shown(env.code, 16000), method=checker.method_source(env.code, env.class_name, tool),
                     failures=shown(failures, 8000),
                     earlier="\n\nYour earlier rewrites did not fix it:\n" + "\n".join(earlier) if earlier else "")  # fmt: skip
@@ -98,6 +113,21 @@ async def _attempt(ctx: Context, env: Environment, tool: str, attempt: int, prob
         failure = {"kind": exc.kind, "message": exc.message}
     if failure is not None:
         return None, f"the class does not load: {failure['kind']}: {failure['message']}"
+    return candidate, ""
+
+
+async def _attempt(ctx: Context, env: Environment, tool: str, attempt: int, probing: Probing, earlier: list[str],
+                   *, stage: str) -> tuple[Environment | None, str]:  # fmt: skip
+    """One rewrite of ``tool`` and its re-assessment: the repaired environment (None if not) and a one-line result."""
+    entries = [e for e in probing.log if e.get("tool") == tool]
+    failures = [{"arguments": e["arguments"], "intent": e["intent"], "expectation": e["expectation"],
+                 "started_from": shown(states.view(probing.before[e["round"]]), 2500), "returned": e["result"],
+                 "error": e["error"], "state_changes": e["diff"], "reviewer": e["reason"]}
+                for e in entries if e["verdict"] == "fail"]  # fmt: skip
+    candidate, problem = await _candidate(ctx, env, tool, failures, f"{tool}-fix{attempt}", earlier, stage=stage)
+    if candidate is None:
+        return None, problem
+    pool = await ctx.pool()
     verdicts = []
     for entry in entries:
         before = probing.before[entry["round"]]
