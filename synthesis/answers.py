@@ -230,3 +230,24 @@ def parse_solution(answer: str, tools: set[str]) -> list[Call]:
             raise ParseError(f"calls[{i}].name must be one of the tools ({', '.join(sorted(tools))}), not {json.dumps(name)}")
         calls.append(Call(str(name), p.obj(entry.get("arguments", {}), f"calls[{i}].arguments")))
     return calls
+
+
+@dataclass(frozen=True)
+class EnvTexts:
+    summary: str
+    introduction: str
+    rules: list[str]
+
+
+def parse_env_texts(answer: str, removed: list[str]) -> EnvTexts:
+    """The rewritten texts of an environment whose ``removed`` tools are gone; none may name one of them."""
+    data = p.obj(p.json_answer(answer), "the answer")
+    summary = p.text(data, "summary", "answer", min_len=10, single_line=True)
+    introduction = p.text(data, "introduction", "answer", min_len=20)
+    rules = [p.text({"rule": r}, "rule", f"answer.rules[{i}]") for i, r in enumerate(p.array(data, "rules", "answer", min_items=1))]
+    for name in removed:
+        where = [f for f, t in (("summary", summary), ("introduction", introduction), *((f"rules[{i}]", r) for i, r in enumerate(rules)))
+                 if name in t]  # fmt: skip
+        if where:
+            raise ParseError(f"{', '.join('answer.' + w for w in where)} still names the removed tool {name}")
+    return EnvTexts(summary, introduction, rules)

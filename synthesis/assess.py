@@ -67,6 +67,9 @@ async def assess(ctx: Context, env: Environment, kinds: dict[str, str] | None = 
     left = {kinds.get(name) for name in repaired.tool_names} if kinds else {"query", "change"}
     if done["removed"] and not {"query", "change"} <= left:
         done["failing"].append(f"removing {', '.join(done['removed'])} leaves no query or no change operation")
+    texts = None
+    if done["removed"] and not done["failing"]:
+        repaired, texts = await tool_repair.describe_remaining(ctx, env, repaired, done["removed"], stage=STAGE)
     summary = {"rounds": rounds, "judged": sum(counts.values()), "counts": dict(counts), "first_counts": dict(first),
                "repaired": done["repaired"], "removed": done["removed"], "failing": done["failing"],
                "repair_attempts": len(done["attempts"])}  # fmt: skip
@@ -75,6 +78,9 @@ async def assess(ctx: Context, env: Environment, kinds: dict[str, str] | None = 
               "repairs": done["attempts"]}  # fmt: skip
     if repaired.code != env.code:
         record["code"] = repaired.code
+    if texts is not None:  # the texts the environment is published and prompted with from now on
+        record["texts"] = {"summary": texts.summary, "introduction": texts.introduction, "rules": texts.rules}
+        summary["texts_rewritten"] = f"without {', '.join(done['removed'])}"
     return {**record, **decide(counts, rounds, ctx.config.thresholds, done["failing"])}
 
 

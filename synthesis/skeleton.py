@@ -26,14 +26,16 @@ def env_code(env: Environment) -> EnvCode:
 
 
 def environment(record: dict[str, Any], assessment: dict[str, Any] | None = None) -> Environment:
-    """The environment a kept skeleton record describes, with the code its assessment repaired, if it did.
+    """The environment a kept skeleton record describes, with the code its assessment repaired, if it did,
+    and the texts it rewrote after removing tools, if it did.
 
     Raises CatalogError if the code is unusable.
     """
     code = (assessment or {}).get("code") or record["code"]
+    texts = (assessment or {}).get("texts") or record
     return build_environment(
-        env_id=record["key"], class_name=record["class_name"], code=code, summary=record["summary"],
-        introduction=record["introduction"], rules=record["rules"],
+        env_id=record["key"], class_name=record["class_name"], code=code, summary=texts["summary"],
+        introduction=texts["introduction"], rules=texts["rules"],
     )  # fmt: skip
 
 

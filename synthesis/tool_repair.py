@@ -7,7 +7,10 @@ and every logged call of the tool is run again from the state it started from
 and judged again. A tool is repaired when none of its calls fails any more;
 after ``repair.tool_attempts`` rewrites it is removed from the class (and so
 from the tool schemas) or, with ``repair.remove_unrepaired = false``, left
-failing, which drops the environment. Nothing labelled fail ships.
+failing, which drops the environment. Nothing labelled fail ships. After a
+removal the environment's summary, introduction and rules are rewritten to
+describe only the tools that remain (``describe_remaining``), so no later
+prompt asks for a tool that is gone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from sandbox.errors import RequestFailed
 from service.catalog import CatalogError, Environment, build_environment
 from synthesis import checker, states
+from synthesis.answers import EnvTexts, parse_env_texts
 from synthesis.assembly import replace_method
 from synthesis.context import Context
 from synthesis.dialogue import ask
@@ -66,6 +70,21 @@ async def repair(ctx: Context, env: Environment, probing: Probing, *, stage: str
         else:
             summary["failing"].append(tool)
     return env, summary
+
+
+async def describe_remaining(ctx: Context, before: Environment, after: Environment, removed: list[str], *,
+                             stage: str) -> tuple[Environment, EnvTexts]:  # fmt: skip
+    """``after`` (``before`` less the ``removed`` tools) with texts that describe only the tools it has."""
+    gone = [{"name": t["function"]["name"], "description": t["function"].get("description", "")}
+            for t in before.tools if t["function"]["name"] in removed]  # fmt: skip
+    left = [{"name": t["function"]["name"], "description": t["function"].get("description", "")} for t in after.tools]
+    prompt = render("env_texts", env=before.env_id, env_name=before.env_id, summary=before.summary,
+                    introduction=before.introduction, rules="\n".join(f"- {r}" for r in before.rules),
+                    removed=shown(gone, 4000), remaining=shown(left, 8000))  # fmt: skip
+    texts = await ask(ctx.client, "generator", prompt, lambda a: parse_env_texts(a, removed), stage=stage)
+    described = build_environment(env_id=after.env_id, class_name=after.class_name, code=after.code, summary=texts.summary,
+                                  introduction=texts.introduction, rules=texts.rules)  # fmt: skip
+    return described, texts
 
 
 async def rewrite(ctx: Context, env: Environment, tool: str, failures: list[dict[str, Any]], *, item: str,

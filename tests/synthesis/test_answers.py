@@ -9,6 +9,7 @@ import pytest
 
 from synthesis.answers import (
     parse_checklist,
+    parse_env_texts,
     parse_init_state,
     parse_operation_plan,
     parse_probe_call,
@@ -195,3 +196,14 @@ def test_solution_calls_must_use_known_tools() -> None:
         parse_solution(block({"calls": [{"name": "delete_everything", "arguments": {}}]}), {"get_owner_pets"})
     with pytest.raises(ParseError, match="at least 1"):
         parse_solution(block({"calls": []}), {"get_owner_pets"})
+
+
+def test_rewritten_texts_that_still_name_a_removed_tool_are_sent_back() -> None:
+    from synthesis.errors import ParseError
+
+    texts = {"summary": "A permit office: look up and issue permits.", "rules": ["Permits need an existing zone."],
+             "introduction": "Staff look up permits, issue them and call cancel_permit on old ones."}  # fmt: skip
+    with pytest.raises(ParseError, match="answer.introduction still names the removed tool cancel_permit"):
+        parse_env_texts(f"```json\n{json.dumps(texts)}\n```", ["cancel_permit"])
+    texts["introduction"] = "Staff look up permits and issue new ones for existing zones."
+    assert parse_env_texts(f"```json\n{json.dumps(texts)}\n```", ["cancel_permit"]).rules == ["Permits need an existing zone."]

@@ -88,6 +88,13 @@ async def test_failing_tools_are_repaired_or_removed_and_none_ships(contexts: An
     second = llm.script.conversations["parking_permits/tool_repair/cancel_permit-fix2"][0][1]["content"]
     assert "Your earlier rewrites did not fix it:" in second and "still removes PP-1002" in second
     assert report.kept == 1
+    # the texts no longer describe the removed tool, so no later prompt asks for it
+    asked = llm.script.conversations["parking_permits/env_texts/main"][0][1]["content"]
+    removed, remaining = asked.split("The tools that remain:")
+    assert '"cancel_permit"' in removed and '"cancel_permit"' not in remaining and '"issue_permit"' in remaining
+    assert summary["texts_rewritten"] == "without cancel_permit"
+    assert "cancel" not in env.introduction and "cancel" not in env.summary
+    assert env.rules == parking["texts"]["rules"] and not any("cancel" in rule for rule in env.rules)
 
 
 @pytest.mark.anyio

@@ -87,6 +87,7 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
                                                                          "warehouse_inventory"]  # fmt: skip
             parking = http.get("/v1/environments/parking_permits").json()
             assert "cancel_permit" not in {t["function"]["name"] for t in parking["tools"]}
+            assert not any("cancel" in rule for rule in parking["rules"]), parking["rules"]
             for scenario_id in KEPT_SCENARIOS:
                 scenario = http.get(f"/v1/scenarios/{scenario_id}").json()
                 created = http.post("/v1/sessions", json={"scenario_id": scenario_id})
