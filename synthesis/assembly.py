@@ -92,8 +92,9 @@ def _start(node: ast.stmt, lines: list[str]) -> int:
 
 
 def replace_method(code: str, class_name: str, name: str, method: MethodSource | None) -> str:
-    """``code`` with method ``name`` of ``class_name`` replaced by ``method`` (its helpers replace any of the same
-    name), or removed when ``method`` is None. Imports are merged as in ``assemble``.
+    """``code`` with method ``name`` of ``class_name`` replaced by ``method`` where it stands (its helpers replace
+    any of the same name where they stand, new ones follow it), or removed when ``method`` is None. Imports are
+    merged as in ``assemble``. Keeping the order keeps diffs between an environment's versions small.
 
     Raises ParseError: ``code`` defines no ``class_name``.
     """
@@ -101,11 +102,27 @@ def replace_method(code: str, class_name: str, name: str, method: MethodSource |
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     if cls is None:
         raise ParseError(f"the code defines no class {class_name}")
-    gone = {name, *(method.functions if method else ())}
+    indent = " " * (cls.body[0].col_offset if cls.body else 4)
+    new = dict(method.functions) if method else {}
     lines = code.splitlines()
     cut: set[int] = set()
+    put: dict[int, list[str]] = {}  # line index -> the lines that go before it
+    anchor = cls.end_lineno or len(lines)  # where functions the class did not have go: after the method, else last
     for node in cls.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in gone:
-            cut.update(range(_start(node, lines) - 1, node.end_lineno or node.lineno))
-    remaining = "\n".join(line for i, line in enumerate(lines) if i not in cut)
-    return assemble(remaining, class_name, [method] if method else []).code
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (node.name == name or node.name in new):
+            start = _start(node, lines) - 1
+            cut.update(range(start, node.end_lineno or node.lineno))
+            if node.name in new:
+                put[start] = textwrap.indent(new.pop(node.name), indent).splitlines()
+            if node.name == name and method is not None:
+                anchor = start
+    if new:
+        extra = [line for source in new.values() for line in ["", *textwrap.indent(source, indent).splitlines()]]
+        put[anchor] = put.get(anchor, []) + extra
+    out: list[str] = []
+    for i, line in enumerate([*lines, ""]):
+        out.extend(put.get(i, []))
+        if i < len(lines) and i not in cut:
+            out.append(line)
+    imports = MethodSource(name, method.imports, {}) if method else None
+    return assemble("\n".join(out), class_name, [imports] if imports else []).code

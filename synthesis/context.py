@@ -67,9 +67,16 @@ class Context:
             ConfigError: naming the stage to run first.
         """
         if not records.path.is_file():
-            raise ConfigError(f"no {earlier} output in {self.workspace.work}: run `synth {earlier}` first")
+            first = self._first_missing(earlier)
+            raise ConfigError(f"no {first} output in {self.workspace.work}: run `synth {first}` first")
         if not keys:
             raise ConfigError(f"`synth {earlier}` kept nothing (in scope) to work on; see its records in {records.path}")
+
+    def _first_missing(self, earlier: str) -> str:
+        """The first stage up to ``earlier`` whose output is missing: on an empty folder, ``themes``."""
+        ws = self.workspace
+        outputs = {"themes": ws.environments, "skeletons": ws.skeletons.path, "assess": ws.assessments.path}
+        return next((stage for stage, path in outputs.items() if not path.is_file()), earlier)
 
     async def run_items(self, stage: str, keys: list[str], records: RecordFile, work: Work) -> StageReport:
         """Run ``work(key)`` for every key without a finished record, ``run.concurrency`` at a time.

@@ -41,6 +41,8 @@ def json_answer(text: str) -> Any:
         raise ParseError("the ```json block is not closed: the answer looks cut off; give the complete JSON")
     else:
         body = text.strip()
+        if not body.startswith(("{", "[")):
+            raise ParseError("the answer holds no ```json block (and is not JSON itself); give exactly one ```json block")
     try:
         return json.loads(body)
     except json.JSONDecodeError as exc:

@@ -36,8 +36,13 @@ class ScenarioFix:
     calls: list[Call] | None = None
     tool: str | None = None  # the tool at fault, for "environment"
 
-    def changed(self) -> list[str]:
-        checks = [f"check {i + 1} {' and '.join(sorted(self.checks[i]))}" for i in sorted(self.checks)]
+    def changed(self, draft: Draft) -> list[str]:
+        """What the fix changes in ``draft``: a kind or a source given again unchanged is no change."""
+        checks = []
+        for i in sorted(self.checks):
+            was = {"kind": draft.checks[i].kind, "source": draft.checks[i].source}
+            parts = sorted(k for k, v in self.checks[i].items() if was[k] != v)
+            checks.append(f"check {i + 1} {' and '.join(parts) if parts else 'unchanged'}")
         return checks + (["solution"] if self.calls is not None else [])
 
 

@@ -125,7 +125,7 @@ async def make(ctx: Context, env: Environment, key: str, seed: InitState,
             except AnswerRejected as exc:
                 entry["diagnosis"] = {"diagnosis": "none", "reason": f"no usable repair: {exc.last}"}
                 break
-            entry["diagnosis"] = {"diagnosis": fix.diagnosis, "reason": fix.reason, "changed": fix.changed()}
+            entry["diagnosis"] = {"diagnosis": fix.diagnosis, "reason": fix.reason, "changed": fix.changed(draft)}
             if fix.diagnosis == "environment" and fix.tool is not None and repairs is not None:
                 entry["diagnosis"]["tool"] = fix.tool
                 blamed = {"scenario_task": draft.spec.task, "diagnosis": fix.reason,

@@ -76,5 +76,21 @@ def test_a_method_is_replaced_or_removed_and_the_class_still_compiles() -> None:
     names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
     assert names.count("cancel_appointment") == 1 and "import re" in code and '"closed"' in code
     assert "book_appointment" in names  # the others stay
+    before = [n.name for n in ast.parse(record["code"]).body[-1].body if isinstance(n, ast.FunctionDef)]  # type: ignore[attr-defined]
+    assert names == before  # the repaired method stays where it stood
     removed = replace_method(code, record["class_name"], "cancel_appointment", None)
     assert "def cancel_appointment" not in removed and "def book_appointment" in removed
+
+
+def test_a_rewrite_with_a_new_helper_keeps_the_method_in_place_and_puts_the_helper_after_it() -> None:
+    from synthesis.assembly import replace_method
+    from synthesis.sources import parse_method
+
+    code = "class Shop:\n    def a(self) -> dict:\n        return {}\n\n    def b(self) -> dict:\n        return {}\n\n" \
+           "    def c(self) -> dict:\n        return {}\n\n\nLIMIT = 3\n"  # fmt: skip
+    fixed = parse_method('```python\ndef b(self) -> dict:\n    """B.\n    """\n    if self._check():\n        return {"success": True}\n'
+                         '    return {"success": False, "error": "no"}\n\n\ndef _check(self) -> bool:\n    return True\n```', "b")  # fmt: skip
+    out = replace_method(code, "Shop", "b", fixed)
+    cls = next(n for n in ast.parse(out).body if isinstance(n, ast.ClassDef))
+    assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == ["a", "b", "_check", "c"]
+    assert out.rstrip().endswith("LIMIT = 3") and "self._check()" in out

@@ -88,12 +88,19 @@ def corpus_of(tmp_path: Path, *lines: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("stage", "earlier"), [("skeletons", "themes"), ("assess", "skeletons"), ("scenarios", "assess")])
-def test_a_stage_on_an_empty_folder_exits_2_naming_the_stage_to_run_first(
-    tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str], stage: str, earlier: str
+@pytest.mark.parametrize(("stage", "done", "first"), [
+    ("skeletons", (), "themes"), ("assess", (), "themes"), ("scenarios", (), "themes"),
+    ("assess", ("environments.json",), "skeletons"), ("scenarios", ("environments.json", "skeletons.jsonl"), "assess"),
+])  # fmt: skip
+def test_a_stage_without_its_input_exits_2_naming_the_first_stage_to_run(
+    tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str], stage: str, done: tuple[str, ...], first: str
 ) -> None:
+    work = tmp_path / "out" / "_work"
+    work.mkdir(parents=True)
+    for name in done:
+        (work / name).write_text('{"fingerprint": "", "environments": [], "dropped": []}' if name.endswith(".json") else "")
     assert synth(tmp_path, stage, write_config(tmp_path, llm.url)) == 2
-    assert f"run `synth {earlier}` first" in capsys.readouterr().err and llm.script.count() == 0
+    assert f"run `synth {first}` first" in capsys.readouterr().err and llm.script.count() == 0
 
 
 def test_a_run_where_every_item_failed_exits_3(tmp_path: Path, llm: Running, capsys: pytest.CaptureFixture[str]) -> None:

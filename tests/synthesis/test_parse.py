@@ -36,6 +36,11 @@ def test_json_answer_reports_the_position_of_invalid_json() -> None:
         p.json_answer('```json\n{"a": 1,}\n```')
 
 
+def test_json_answer_without_any_json_says_so() -> None:
+    with pytest.raises(ParseError, match="the answer holds no ```json block"):
+        p.json_answer("Sure! The environment is about parking permits.")
+
+
 def test_python_answer_parses_and_dedents_an_indented_method() -> None:
     source, tree = p.python_answer("```python\n    def f(self):\n        return 1\n```")
     assert source.startswith("def f(self):") and tree.body

@@ -129,3 +129,15 @@ async def test_without_a_repair_budget_a_failing_draft_is_dropped_with_its_evide
 
 def test_scenario_keys_are_stable() -> None:
     assert scenarios.scenario_keys("clinic_appointments", 2) == ["clinic_appointments-s01", "clinic_appointments-s02"]
+
+
+def test_a_kind_given_again_unchanged_is_not_reported_as_a_change() -> None:
+    from synthesis.answers import TaskSpec
+    from synthesis.drafts import Draft
+    from synthesis.replay import Check
+    from synthesis.scenario_repair import ScenarioFix
+
+    draft = Draft(TaskSpec("Book it.", []), [Check("Booked.", "change", "def check_func(final_state):\n    return True\n")], [])
+    new_source = "def check_func(final_state):\n    return bool(final_state)\n"
+    assert ScenarioFix("check", "r", {0: {"kind": "change", "source": new_source}}).changed(draft) == ["check 1 source"]
+    assert ScenarioFix("check", "r", {0: {"kind": "keep"}}).changed(draft) == ["check 1 kind"]
