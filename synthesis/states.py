@@ -23,6 +23,32 @@ def view(state: str) -> Any:
     return view_encoded(json.loads(state))
 
 
+def focused(state_view: Any, arguments: dict[str, Any], limit: int = 2500) -> Any:
+    """``state_view`` for a prompt about a call with ``arguments``: whole when it fits in ``limit`` characters, else
+    the records the call names (a container entry whose key is an argument value) and every scalar attribute,
+    with a count of the records left out, so a cut never hides the record the call concerns."""
+    if not isinstance(state_view, dict) or len(shown(state_view, limit + 1)) <= limit:
+        return state_view
+    named = {str(v) for v in _values(arguments) if isinstance(v, (str, int)) and not isinstance(v, bool)}
+    out: dict[str, Any] = {}
+    for attribute, value in state_view.items():
+        if not isinstance(value, dict):
+            out[attribute] = value
+            continue
+        hits = {k: v for k, v in value.items() if str(k) in named}
+        left = len(value) - len(hits)
+        out[attribute] = {**hits, "...": f"{left} other records not shown"} if left else hits
+    return out
+
+
+def _values(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _values(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _values(v)]
+    return [value]
+
+
 async def generate(ctx: Context, env: Environment, *, item: str, purpose: str, stage: str) -> InitState:
     """One initial state per request; an inconsistent one is sent back to the model with what is wrong."""
     pool = await ctx.pool()

@@ -140,7 +140,7 @@ async def _attempt(ctx: Context, env: Environment, tool: str, attempt: int, prob
     """One rewrite of ``tool`` and its re-assessment: the repaired environment (None if not) and a one-line result."""
     entries = [e for e in probing.log if e.get("tool") == tool]
     failures = [{"arguments": e["arguments"], "intent": e["intent"], "expectation": e["expectation"],
-                 "started_from": shown(states.view(probing.before[e["round"]]), 2500), "returned": e["result"],
+                 "started_from": shown(states.focused(states.view(probing.before[e["round"]]), e["arguments"]), 4000), "returned": e["result"],
                  "error": e["error"], "state_changes": e["diff"], "reviewer": e["reason"]}
                 for e in entries if e["verdict"] == "fail"]  # fmt: skip
     candidate, problem = await _candidate(ctx, env, tool, failures, f"{tool}-fix{attempt}", earlier, stage=stage)
