@@ -13,6 +13,7 @@ from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
 from synthesis.cache import ResponseCache
 from synthesis.config import SynthConfig
+from synthesis.dialogue import REASKS
 from synthesis.errors import ConfigError, Dropped, EndpointUnusable, SynthesisError
 from synthesis.llm import LLMClient
 from synthesis.progress import Progress
@@ -131,6 +132,8 @@ def _first_leaf(group: BaseExceptionGroup[EndpointUnusable]) -> EndpointUnusable
 
 async def _attempt(key: str, work: Work) -> dict[str, Any]:
     started = time.monotonic()
+    reasks: list[dict[str, Any]] = []
+    REASKS.set(reasks)  # this item's task (and the tasks it starts) only
     try:
         fields = await work(key)
     except EndpointUnusable:
@@ -141,4 +144,6 @@ async def _attempt(key: str, work: Work) -> dict[str, Any]:
         fields = {"status": FAILED, "error": exc.message}
     except SandboxError as exc:
         fields = {"status": FAILED, "error": f"sandbox: {exc.message}"}
+    if reasks:
+        fields = {**fields, "reasks": reasks}
     return {"key": key, **fields, "seconds": round(time.monotonic() - started, 3)}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from synthesis.config import Role
 from synthesis.errors import AnswerRejected, ParseError
@@ -11,6 +12,9 @@ from synthesis.llm import LLMClient, Message
 from synthesis.prompts import Prompt, cut_off, reask
 
 T = TypeVar("T")
+
+# The re-asks of the item being worked on (``Context.run_items`` gives each item a list), for its provenance.
+REASKS: ContextVar[list[dict[str, Any]] | None] = ContextVar("reasks", default=None)
 
 
 async def ask(client: LLMClient, role: Role, prompt: Prompt, parse: Callable[[str], T], *, stage: str) -> T:
@@ -48,6 +52,10 @@ async def converse(
             return parse(completion.text), completion.text
         except ParseError as exc:
             problem = exc.reason
+        reasks = REASKS.get()
+        if reasks is not None:
+            reasks.append({"template": template, "item": label.split(" item=", 1)[-1].split(" ", 1)[0], "turn": turn,
+                           "problem": problem, "cut_off": completion.finish_reason == "length"})  # fmt: skip
         if completion.finish_reason == "length":
             sent = [*messages, {"role": "user", "content": cut_off(problem)}]
         else:

@@ -7,7 +7,9 @@ keeps is removed (nothing else in the folder is touched).
 Each package records where it came from under a ``provenance`` key, which the
 catalog loader ignores: ``env.json`` the assessment summary (rounds, verdict
 counts before and after repair, repaired and removed tools), each line of
-``scenarios.jsonl`` its validation history (drafts, validations, diagnoses).
+``scenarios.jsonl`` its validation history (drafts, validations, diagnoses);
+both list the answers that were sent back to the model (``reasks``: template,
+item, turn, the parse problem).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ async def run(ctx: Context) -> StageReport:
         env = environment(skeletons[env_id], assessments[env_id])
         own = sorted((r for r in scenarios if r["scenario"]["env_id"] == env_id), key=lambda r: str(r["key"]))
         folder = write_package(env, [Scenario.from_json(r["scenario"]) for r in own], ws.out)
-        _record_provenance(folder, assessments[env_id], own)
+        _record_provenance(folder, skeletons[env_id], assessments[env_id], own)
         report.count({"key": env_id, "status": KEPT})
     previous = ws.read_json(ws.published)
     for env_id in previous if isinstance(previous, list) else []:
@@ -64,14 +66,17 @@ def scenario_provenance(record: dict[str, Any]) -> dict[str, Any]:
     """A scenario's validation history without the bulky evidence (that stays in ``_work/scenarios.jsonl``)."""
     history = [{k: v for k, v in entry.items() if k != "evidence"} for entry in record.get("history") or []]
     return {"drafts": max((e.get("draft", 1) for e in history), default=1), "validations": len(history),
-            "history": history}  # fmt: skip
+            "history": history, "reasks": record.get("reasks") or []}  # fmt: skip
 
 
-def _record_provenance(folder: Path, assessment: dict[str, Any], scenarios: list[dict[str, Any]]) -> None:
+def _record_provenance(folder: Path, skeleton: dict[str, Any], assessment: dict[str, Any],
+                       scenarios: list[dict[str, Any]]) -> None:  # fmt: skip
     manifest_path = folder / "env.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     summary = assessment.get("assessment") or {"rounds": assessment.get("rounds"), "counts": assessment.get("counts")}
-    manifest["provenance"] = {"assessment": {**summary, "ratio": assessment.get("ratio")}}
+    reasks = [{"stage": stage, **r} for stage, record in (("skeletons", skeleton), ("assess", assessment))
+              for r in record.get("reasks") or []]  # fmt: skip
+    manifest["provenance"] = {"assessment": {**summary, "ratio": assessment.get("ratio")}, "reasks": reasks}
     manifest_path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     lines = [json.dumps({**Scenario.from_json(r["scenario"]).to_json(), "provenance": scenario_provenance(r)},
                         ensure_ascii=False) for r in scenarios]  # fmt: skip

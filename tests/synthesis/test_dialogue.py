@@ -47,7 +47,7 @@ async def test_reasks_are_bounded_and_the_error_says_what_was_wrong(llm: Running
     finally:
         await c.aclose()
     assert caught.value.attempts == 3 and llm.script.count() == 3
-    assert caught.value.template == "theme_judge" and "invalid JSON" in caught.value.last
+    assert caught.value.template == "theme_judge" and "the answer holds no ```json block" in caught.value.last
 
 
 async def test_a_cut_off_answer_is_reasked_with_a_smaller_request_asking_for_brevity(llm: Running) -> None:

@@ -76,6 +76,15 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
     assessments = [json.loads(line) for line in (first_run.out / "_work" / "assessments.jsonl").read_text().splitlines()]
     for record in (r for r in assessments if r["status"] == "kept"):
         assert all(e.get("tool_removed") for e in record["log"] if e.get("verdict") == "fail"), record["key"]
+    # every answer sent back to the model is on record: the method cut off, the operation named like an attribute
+    clinic = json.loads((first_run.out / "clinic_appointments" / "env.json").read_text())["provenance"]["reasks"]
+    assert [(r["stage"], r["template"], r["item"], r["cut_off"]) for r in clinic[:2]] == [
+        ("skeletons", "operation_plan", "main", False), ("skeletons", "operation_code", "book_appointment", True)]
+    assert "'appointments' is a state attribute" in clinic[0]["problem"]
+    scenario = json.loads((first_run.out / "warehouse_inventory" / "scenarios.jsonl").read_text().splitlines()[0])
+    assert scenario["provenance"]["reasks"] == [{"template": "check_func", "item": "s01-c3", "turn": 0, "cut_off": False,
+                                                 "problem": "line 4: the check modifies the state it inspects; read it "
+                                                            "without changing it"}]  # fmt: skip
     provenance = json.loads((first_run.out / "parking_permits" / "env.json").read_text())["provenance"]["assessment"]
     assert (provenance["removed"], provenance["first_counts"]["fail"], provenance["ratio"]) == (["cancel_permit"], 3, 1.0)
 
