@@ -16,7 +16,8 @@ import pytest
 from service.auth import new_key
 from service.user_llm import STOP
 from tests.conftest import BUNDLED, FIXTURES, Server, start_server
-from tests.service.chat_server import ChatServer
+from tests.scripted_openai import Running
+from tests.scripted_openai.queue import ChatQueue
 
 HERE = Path(__file__).resolve().parent
 CONSOLE_TESTS = HERE / "console"
@@ -67,7 +68,7 @@ def synth_folder(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     tmp = tmp_path_factory.mktemp("console")
-    with ChatServer([USER_LINES[0], f"{USER_LINES[1]}\n{STOP}"]) as chat:
+    with Running(ChatQueue([USER_LINES[0], f"{USER_LINES[1]}\n{STOP}"])) as chat:
         # The graph fixture first: its fs-001 (with parent pointers) takes the id over the bundled one.
         open_server = start_server(tmp, catalogs=(GRAPHS, BUNDLED, FIXTURES), extra_env={
             "ENVFOUNDRY_USER_LLM_BASE_URL": chat.url, "ENVFOUNDRY_USER_LLM_MODEL": "user-sim"})

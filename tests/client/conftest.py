@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import pytest
 from envfoundry_client import Client
 
-from tests.client.scripted_chat import USER_MODEL, Running, ScriptedChat
 from tests.conftest import Server, start_server
+from tests.scripted_openai import Running
+from tests.scripted_openai.tracks import USER_MODEL, ScriptedChat
 
 
 @pytest.fixture(scope="module")

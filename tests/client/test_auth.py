@@ -9,10 +9,10 @@ import pytest
 from envfoundry_client import Client, Forbidden, NotFound, Unauthorized
 
 from service.auth import new_key
-from tests.client.scripted_chat import Running
 from tests.client.test_client import PROBE_CODE
 from tests.client.test_rollout import records, rollout
 from tests.conftest import Server, start_server
+from tests.scripted_openai import Running
 
 RUN_KEY, RUN_LINE = new_key("client-tests", ["run"])
 ADMIN_KEY, ADMIN_LINE = new_key("client-tests", ["run", "admin"])

@@ -12,9 +12,9 @@ from envfoundry_client import Client, ConversationEnded, MessageStep, NotConvers
 from envfoundry_client.gym import EnvfoundryEnv
 
 from tests.client.agent_scripts import LIB_001_CONVERSATION, LIB_001_OPENING, LIB_001_USER
-from tests.client.scripted_chat import Running
 from tests.client.test_rollout import envfoundry, matches_expected, records, rollout, task
 from tests.conftest import Server, start_server
+from tests.scripted_openai import Running
 
 # lib-001, two samples. Track 0: 5 agent turns sending 2, 4, 6, 8, 11 messages (10 per message + 5:
 # 25+45+65+85+115 = 335), 4 tool calls and 2 messages = 6 steps, reward 1.0. Track 1: 3 turns

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from tests.client.agent_scripts import LIB_001, STORE_001
-from tests.client.scripted_chat import Running
 from tests.conftest import ROOT, Server
+from tests.scripted_openai import Running
 
 EXPECTED = Path(__file__).parent / "expected"
 # Tokens: the scripted LLM counts 10 per message sent plus 5 per answer. lib-001 track 0 sends 2, 4

@@ -11,20 +11,21 @@ import pytest
 
 from service.user_llm import STOP
 from tests.conftest import Server, start_server
-from tests.service.chat_server import ChatServer
+from tests.scripted_openai import Running
+from tests.scripted_openai.queue import ChatQueue
 from tests.service.test_api import call, new_session, problem, state
 
 TASK_START = "Add item A1 named Apple"
 
 
 @pytest.fixture
-def chat() -> Iterator[ChatServer]:
-    with ChatServer([]) as server:
+def chat() -> Iterator[Running]:
+    with Running(ChatQueue()) as server:
         yield server
 
 
 @pytest.fixture
-def served(chat: ChatServer, tmp_path: Path) -> Iterator[Server]:
+def served(chat: Running, tmp_path: Path) -> Iterator[Server]:
     server = start_server(tmp_path, extra_env={"ENVFOUNDRY_USER_LLM_BASE_URL": chat.url,
                                                "ENVFOUNDRY_USER_LLM_MODEL": "user-sim",
                                                "ENVFOUNDRY_USER_LLM_TIMEOUT": "2"})
@@ -38,9 +39,9 @@ def converse(client: httpx.Client, sid: str, content: str, status: int = 200) ->
     return response
 
 
-def test_a_whole_conversation_episode(served: Server, chat: ChatServer) -> None:
-    chat.script += ["Hi, I need an item added to my list.", "It's A1, called Apple, two of them.",
-                    f"Great, that's all.\n{STOP}"]
+def test_a_whole_conversation_episode(served: Server, chat: Running) -> None:
+    chat.script.extend(["Hi, I need an item added to my list.", "It's A1, called Apple, two of them.",
+                    f"Great, that's all.\n{STOP}"])
     with served.client() as client:
         opened = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"})
         assert opened.status_code == 201, opened.text
@@ -49,14 +50,14 @@ def test_a_whole_conversation_episode(served: Server, chat: ChatServer) -> None:
         assert body["mode"] == "conversation" and body["task"] is None
         assert body["user_message"] == "Hi, I need an item added to my list."
         # the hidden goal reaches the simulated user only, in its system prompt
-        system = chat.requests[0]["messages"][0]
+        system = chat.script.requests[0].messages[0]
         assert system["role"] == "system" and TASK_START in system["content"] and STOP in system["content"]
-        assert chat.requests[0]["model"] == "user-sim"
+        assert chat.script.requests[0].model == "user-sim"
 
         first = converse(client, sid, "Sure, which item?").json()
         assert first == {"step": 1, "reply": "It's A1, called Apple, two of them.", "done": False}
         # the user sees the conversation so far with roles turned around: it plays the user
-        sent = chat.requests[1]["messages"]
+        sent = chat.script.requests[1].messages
         assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
         assert sent[2]["content"] == body["user_message"] and sent[3]["content"] == "Sure, which item?"
 
@@ -64,7 +65,7 @@ def test_a_whole_conversation_episode(served: Server, chat: ChatServer) -> None:
         call(client, sid, "increment", {"by": 3})
         last = converse(client, sid, "Done: A1 Apple x2 added.").json()
         assert last == {"step": 4, "reply": "Great, that's all.", "done": True}
-        assert [m["content"] for m in chat.requests[2]["messages"][4:]] == [
+        assert [m["content"] for m in chat.script.requests[2].messages[4:]] == [
             "It's A1, called Apple, two of them.", "Done: A1 Apple x2 added."]
 
         info = client.get(f"/v1/sessions/{sid}").json()
@@ -76,12 +77,12 @@ def test_a_whole_conversation_episode(served: Server, chat: ChatServer) -> None:
         assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
         problem(client.post(f"/v1/sessions/{sid}/messages", json={"content": "anything else?"}), 409,
                 "conversation-ended")
-        assert len(chat.requests) == 3
+        assert len(chat.script.requests) == 3
 
 
-def test_a_failing_user_llm_leaves_the_session_as_it_was(served: Server, chat: ChatServer) -> None:
-    chat.script += ["Hello, I need help.", ("status", 500), ("raw", b"not json at all"), ("raw", b'{"choices": []}'),
-                    ("sleep", 3.0), "", "Item A1 please."]
+def test_a_failing_user_llm_leaves_the_session_as_it_was(served: Server, chat: Running) -> None:
+    chat.script.extend(["Hello, I need help.", ("status", 500), ("raw", b"not json at all"), ("raw", b'{"choices": []}'),
+                    ("sleep", 3.0), "", "Item A1 please."])
     with served.client() as client:
         sid = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"}).json()["session_id"]
         before = state(client, sid)
@@ -94,28 +95,28 @@ def test_a_failing_user_llm_leaves_the_session_as_it_was(served: Server, chat: C
         assert converse(client, sid, "How can I help?").json() == {"step": 1, "reply": "Item A1 please.", "done": False}
 
 
-def test_a_keyed_message_is_sent_to_the_user_once(served: Server, chat: ChatServer) -> None:
-    chat.script += ["Hi.", "A1 please."]
+def test_a_keyed_message_is_sent_to_the_user_once(served: Server, chat: Running) -> None:
+    chat.script.extend(["Hi.", "A1 please."])
     with served.client() as client:
         sid = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"}).json()["session_id"]
         key = {"Idempotency-Key": secrets.token_hex(8)}
         first = client.post(f"/v1/sessions/{sid}/messages", json={"content": "Which item?"}, headers=key)
         again = client.post(f"/v1/sessions/{sid}/messages", json={"content": "Which item?"}, headers=key)
         assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
-        assert len(chat.requests) == 2
+        assert len(chat.script.requests) == 2
 
 
-def test_a_conversation_group_shares_one_opening(served: Server, chat: ChatServer) -> None:
-    chat.script += ["Hi, one opening for all."]
+def test_a_conversation_group_shares_one_opening(served: Server, chat: Running) -> None:
+    chat.script.extend(["Hi, one opening for all."])
     with served.client() as client:
         group = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation", "n": 3}).json()
-        assert len(group["session_ids"]) == 3 and len(chat.requests) == 1
+        assert len(group["session_ids"]) == 3 and len(chat.script.requests) == 1
         for sid in group["session_ids"]:
             assert client.get(f"/v1/sessions/{sid}").json()["mode"] == "conversation"
 
 
-def test_opening_failure_creates_nothing(served: Server, chat: ChatServer) -> None:
-    chat.script += [("status", 503)]
+def test_opening_failure_creates_nothing(served: Server, chat: Running) -> None:
+    chat.script.extend([("status", 503)])
     with served.client() as client:
         problem(client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"}), 502,
                 "user-llm-failed")

@@ -13,7 +13,8 @@ from sandbox.pool import Limits, WorkerPool
 from sandbox.process import ProcessBackend
 from synthesis.config import SynthConfig
 from tests.conftest import ROOT
-from tests.synthesis.scripted_llm import EMBED_MODEL, LABEL_HEADER, Running, ScriptedLLM
+from tests.scripted_openai import Running
+from tests.scripted_openai.fixtures import EMBED_MODEL, LABEL_HEADER, ScriptedLLM
 
 FIXTURES = ROOT / "tests" / "fixtures" / "synthesis"
 ANSWERS = FIXTURES / "llm"

@@ -10,8 +10,8 @@ import pytest
 from synthesis import assess
 from synthesis.context import Context
 from synthesis.skeleton import environment
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, seed_scope
-from tests.synthesis.scripted_llm import Running
 
 
 def seed_skeletons(ctx: Context, *env_ids: str) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from synthesis import cli
 from tests.conftest import ROOT
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import write_config
-from tests.synthesis.scripted_llm import Running
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -9,8 +9,8 @@ import pytest
 from synthesis import dedup
 from synthesis.answers import parse_theme
 from synthesis.context import Context
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import ANSWERS, latest
-from tests.synthesis.scripted_llm import Running
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,8 @@ from synthesis.errors import AnswerRejected, LLMRejected
 from synthesis.llm import LLMClient
 from synthesis.prompts import render
 from synthesis.usage import Ledger
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import make_config
-from tests.synthesis.scripted_llm import Running
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ import pytest
 from service.catalog import Catalog
 from synthesis import publish, scenarios
 from synthesis.context import Context
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, fixture_theme
-from tests.synthesis.scripted_llm import Running
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import pytest
 
 from synthesis import cli
 from tests.conftest import start_server
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import write_config
-from tests.synthesis.scripted_llm import Running
 
 KEPT_SCENARIOS = ["clinic_appointments-s01", "clinic_appointments-s02", "parking_permits-s01", "parking_permits-s02",
                   "warehouse_inventory-s01", "warehouse_inventory-s02"]

@@ -12,8 +12,8 @@ from synthesis import publish, scenarios
 from synthesis.answers import parse_init_state
 from synthesis.context import Context
 from synthesis.skeleton import environment
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest, seed_scope
-from tests.synthesis.scripted_llm import Running
 
 pytestmark = pytest.mark.anyio
 

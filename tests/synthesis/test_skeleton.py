@@ -9,8 +9,8 @@ import pytest
 from synthesis import skeleton
 from synthesis.context import Context
 from synthesis.errors import ConfigError
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, fixture_theme
-from tests.synthesis.scripted_llm import Running
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ import pytest
 
 from synthesis import themes
 from synthesis.errors import ConfigError
+from tests.scripted_openai import Running
 from tests.synthesis.conftest import CORPUS
-from tests.synthesis.scripted_llm import Running
 
 
 def test_corpus_ids_under_task_id_survive_intact(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat endpoint: a real uvicorn server answering from a script.
+"""The client script: conversations routed by their first user message, each following one of its tracks.
 
 A script maps the first user message of a conversation (a scenario's task, or a simulated user's
 opening message) to one or more *tracks*, each a list of assistant turns:
@@ -26,18 +26,11 @@ messages (the user's own earlier words); past the last reply the user stops.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from tests.client.served import Served
+from tests.scripted_openai import Answer, Logged, Reply, ScriptedOpenAI, Status
 
 Turn = dict[str, Any]
 USER_MODEL = "scripted-user"
@@ -64,7 +57,7 @@ def render(turn: Turn, native: bool, track: int, index: int) -> dict[str, Any]:
         call = turn["raw_tool_call"]
         return {"role": "assistant", "content": None, "tool_calls": [{
             "id": f"call_t{track}_{index}_0", "type": "function",
-            "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+            "function": {"name": call["name"], "arguments": call["arguments"]}}]}  # fmt: skip
     calls = turn.get("tool_calls") or []
     content = turn.get("content")
     if not calls:
@@ -73,45 +66,53 @@ def render(turn: Turn, native: bool, track: int, index: int) -> dict[str, Any]:
         return {"role": "assistant", "content": content, "tool_calls": [
             {"id": f"call_t{track}_{index}_{n}", "type": "function",
              "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-            for n, c in enumerate(calls)]}
+            for n, c in enumerate(calls)]}  # fmt: skip
     blocks = "\n".join(f'<tool_call>\n{json.dumps({"name": c["name"], "arguments": c["arguments"]})}\n</tool_call>'
-                       for c in calls)
+                       for c in calls)  # fmt: skip
     return {"role": "assistant", "content": f"{content}\n{blocks}" if content else blocks}
 
 
-@dataclass
-class Logged:
-    model: str
-    native: bool
-    messages: list[dict[str, Any]]
-    authorization: str | None
+class ScriptedChat(ScriptedOpenAI):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scripts: dict[str, list[list[Turn]]] = {}  # first user message -> tracks
+        self.users: dict[str, list[str]] = {}  # a scenario's task -> the user's replies
+        self._openings: Counter[str] = Counter()
 
-
-@dataclass
-class ScriptedChat:
-    scripts: dict[str, list[list[Turn]]] = field(default_factory=dict)  # first user message -> tracks
-    users: dict[str, list[str]] = field(default_factory=dict)  # a scenario's task -> the user's replies
-    requests: list[Logged] = field(default_factory=list)
-    _openings: Counter[str] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __post_init__(self) -> None:
-        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    def reset(self, scripts: dict[str, list[list[Turn]]], users: dict[str, list[str]] | None = None) -> None:
+    def reset(self, scripts: dict[str, list[list[Turn]]] | None = None, users: dict[str, list[str]] | None = None) -> None:
+        super().reset()
         with self._lock:
-            self.scripts = scripts
+            self.scripts = scripts or {}
             self.users = users or {}
-            self.requests.clear()
             self._openings.clear()
 
     def agent_requests(self) -> list[Logged]:
-        with self._lock:
-            return [r for r in self.requests if r.model != USER_MODEL]
+        return self.logged(other_than=USER_MODEL)
 
     def user_requests(self) -> list[Logged]:
-        with self._lock:
-            return [r for r in self.requests if r.model == USER_MODEL]
+        return self.logged(USER_MODEL)
+
+    def answer(self, body: dict[str, Any], headers: Mapping[str, str]) -> tuple[str, int, Reply]:
+        messages: list[dict[str, Any]] = body["messages"]
+        native = bool(body.get("tools"))
+        if body["model"] == USER_MODEL:
+            reply = self._user_reply(messages)
+            if reply is None:
+                return "user", 0, Status(404, "no simulated user has this goal")
+            return "user", 0, self._answer({"role": "assistant", "content": reply}, len(messages))
+        first_user = next((m["content"] for m in messages if m["role"] == "user"), None)
+        if first_user not in self.scripts:
+            return "", 0, Status(404, f"no script for the conversation {str(first_user)[:80]!r}")
+        history = [m for m in messages if m["role"] == "assistant"]
+        track = self._track(first_user, history, native)
+        if track is None:
+            return first_user, len(history), Status(404, "the conversation left every scripted track")
+        turn = self.scripts[first_user][track][len(history)]
+        return first_user, len(history), self._answer(render(turn, native, track, len(history)), len(messages))
+
+    @staticmethod
+    def _answer(message: dict[str, Any], sent: int) -> Answer:
+        return Answer(message, usage=(10 * sent, 5))
 
     def _user_reply(self, messages: list[dict[str, Any]]) -> str | None:
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
@@ -131,49 +132,6 @@ class ScriptedChat:
         said = [_canonical(m) for m in history]
         for t, turns in enumerate(tracks):
             if len(turns) > len(history) and said == [_canonical(render(turns[i], native, t, i))
-                                                      for i in range(len(history))]:
+                                                      for i in range(len(history))]:  # fmt: skip
                 return t
         return None
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        messages: list[dict[str, Any]] = body["messages"]
-        native = bool(body.get("tools"))
-        with self._lock:
-            self.requests.append(Logged(body["model"], native, messages, request.headers.get("authorization")))
-        if body["model"] == USER_MODEL:
-            reply = self._user_reply(messages)
-            if reply is None:
-                return JSONResponse({"error": {"message": "no simulated user has this goal"}}, 404)
-            return self._answer(body["model"], {"role": "assistant", "content": reply}, len(messages))
-        first_user = next((m["content"] for m in messages if m["role"] == "user"), None)
-        if first_user not in self.scripts:
-            return JSONResponse({"error": {"message": f"no script for the conversation {str(first_user)[:80]!r}"}},
-                                404)
-        history = [m for m in messages if m["role"] == "assistant"]
-        track = self._track(first_user, history, native)
-        if track is None:
-            return JSONResponse({"error": {"message": "the conversation left every scripted track"}}, 404)
-        turn = self.scripts[first_user][track][len(history)]
-        return self._answer(body["model"], render(turn, native, track, len(history)), len(messages))
-
-    @staticmethod
-    def _answer(model: str, message: dict[str, Any], sent: int) -> Response:
-        usage = {"prompt_tokens": 10 * sent, "completion_tokens": 5, "total_tokens": 10 * sent + 5}
-        return JSONResponse({"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
-                             "model": model, "usage": usage,
-                             "choices": [{"index": 0, "message": message,
-                                          "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}]})
-
-
-class Running(Served):
-    """The endpoint served on a free port; ``url`` ends in ``/v1``, as OpenAI base URLs do."""
-
-    def __init__(self, script: ScriptedChat) -> None:
-        super().__init__(script.app, "scripted-chat")
-        self.script = script
-        self.url += "/v1"
-
-    def __enter__(self) -> Running:
-        super().__enter__()
-        return self

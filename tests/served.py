@@ -1,4 +1,4 @@
-"""An ASGI app served by uvicorn in a thread on a free port, for the test doubles of this folder."""
+"""An ASGI app served by uvicorn in a thread on a free port, for the test doubles (scripted endpoints, proxies)."""
 
 from __future__ import annotations
 
