@@ -104,6 +104,18 @@ async def test_a_refused_key_costs_one_request_and_stops_every_other(llm: Runnin
     assert "the endpoint cannot serve this run" in str(outcomes[0]) and "Incorrect API key provided" in str(outcomes[0])
 
 
+async def test_a_forbidden_request_stops_the_run_too(llm: Running) -> None:
+    c = client(llm)
+    try:
+        with pytest.raises(EndpointUnusable, match="HTTP 403"):
+            await c.chat("generator", messages("forbidden"), stage="themes", label=label("forbidden"))
+        with pytest.raises(EndpointUnusable):
+            await c.chat("generator", messages("keep"), stage="themes", label=label("keep"))
+    finally:
+        await c.aclose()
+    assert llm.script.received == 1
+
+
 async def test_an_unknown_model_stops_the_run_but_a_missing_embedding_model_does_not(llm: Running) -> None:
     config = make_config(llm.url, llm={"embedding_model": "text-embedding-missing"}, models={"generator": "gen-huge"})
     c = LLMClient(config, Ledger(config.prices))
