@@ -18,6 +18,7 @@ requests as it was sent.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -81,15 +82,20 @@ async def run(
     reports: list[StageReport] = []
     started = time.time()
     stopped: EndpointUnusable | None = None
-    ending = "interrupted"  # what the summary says unless the run gets to the end or is stopped
+    ending = "finished"
     try:
         for step in (step for stage in STAGES if stage in stages for step in _STEPS[stage]):
             reports.append(await step(ctx))
             if reports[-1].barren:
                 break
-        ending = "finished"
     except EndpointUnusable as exc:
         stopped, ending = exc, "endpoint_unusable"
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        ending = "interrupted"
+        raise
+    except BaseException:
+        ending = "crashed"  # a bug: the traceback follows, and what was spent is still summed up
+        raise
     finally:
         await ctx.close()
         this_run = {
