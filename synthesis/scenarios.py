@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sandbox.pool import WorkerPool
 from service.catalog import Environment
 from synthesis import dedup, drafts, replay, scenario_repair, states
 from synthesis.answers import Call, InitState
 from synthesis.context import Context
 from synthesis.drafts import Draft
-from synthesis.env_repair import EnvironmentRepair, revision
+from synthesis.env_repair import EnvironmentRepair, Verify, revision
 from synthesis.errors import AnswerRejected, Dropped
 from synthesis.prompts import shown
 from synthesis.report import DROPPED, FAILED, KEPT, StageReport
@@ -149,7 +150,7 @@ async def make(ctx: Context, env: Environment, key: str, seed: InitState,
     return {**record, "status": DROPPED, "reason": last["result"], "detail": last["detail"], "history": history}
 
 
-def _verifier(pool: Any, seed: InitState, draft: Draft) -> Any:
+def _verifier(pool: WorkerPool, seed: InitState, draft: Draft) -> Verify:
     """Accepts a rewritten environment when ``draft`` validates with it (None), else says why not."""
 
     async def verify(candidate: Environment) -> str | None:

@@ -210,3 +210,16 @@ def test_ctrl_c_exits_130_saying_what_was_spent_and_how_to_resume(tmp_path: Path
     tokens = summary["total"]["prompt_tokens"] + summary["total"]["completion_tokens"]
     assert f"interrupted: this run sent {llm.script.received} requests ({tokens} tokens, $" in err
     assert "run the same command again to resume" in err and "Traceback" not in err
+
+
+def test_an_unreachable_endpoint_exits_3_after_one_requests_retries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.conftest import free_port
+
+    config = write_config(tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    assert synth(tmp_path, "all", config) == 3
+    assert "error: the endpoint cannot serve this run: chat/completions (gen-large): gave up after 3 attempts; " \
+           "last error: connection failed: ConnectError" in capsys.readouterr().err  # fmt: skip
+    summary = json.loads((tmp_path / "out" / "_work" / "summary.json").read_text())
+    assert summary["total"]["requests"] == 3  # not 3 per task of the corpus
