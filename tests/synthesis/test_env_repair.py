@@ -48,7 +48,8 @@ async def test_a_tool_a_scenario_blames_is_repaired_from_its_evidence_and_ships_
 
     assessment = ctx.workspace.assessments.load()["mug_depot"]
     assert assessment["status"] == "kept" and RIGHT in assessment["code"] and PLANTED not in assessment["code"]
-    assert await publish.run(ctx) is not None
+    published = await publish.run(ctx)
+    assert (published.kept, published.failed) == (1, [])  # and the catalog validates
     catalog = Catalog()
     catalog.load_dir(ctx.workspace.out)
     assert catalog.problems == [] and RIGHT in catalog.environments["mug_depot"].code

@@ -27,6 +27,7 @@ class FirstRun:
     requests: int
     stdout: str
     code: int
+    parking_task_prompt: str  # what the scenario stage asked for the environment that lost a tool
 
 
 def synth(stage: str, config: Path, out: Path, *extra: str) -> int:
@@ -47,7 +48,8 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, llm_server: Running) -> 
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = synth("all", config, out)
     assert not llm_server.script.missing, llm_server.script.missing
-    yield FirstRun(out, config, llm_server.script.count(), stdout.getvalue(), code)
+    prompt = llm_server.script.conversations["parking_permits/task/s01"][0][1]["content"]
+    yield FirstRun(out, config, llm_server.script.count(), stdout.getvalue(), code, prompt)
 
 
 def copy_of(run: FirstRun, tmp_path: Path) -> Path:
@@ -87,6 +89,10 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
                                                             "without changing it"}]  # fmt: skip
     provenance = json.loads((first_run.out / "parking_permits" / "env.json").read_text())["provenance"]["assessment"]
     assert (provenance["removed"], provenance["first_counts"]["fail"], provenance["ratio"]) == (["cancel_permit"], 3, 1.0)
+    # scenario generation saw only what remains of it: no removed tool, no rule or text about cancelling
+    assert "cancel_permit" not in first_run.parking_task_prompt and "issue_permit" in first_run.parking_task_prompt
+    assert "Only active permits can be cancelled" not in first_run.parking_task_prompt
+    assert "cancel permits" not in first_run.parking_task_prompt
 
     server = start_server(tmp_path, catalogs=(first_run.out,))
     try:
