@@ -156,6 +156,16 @@ def test_bad_messages_get_openenv_error_codes_and_change_nothing(server: Server)
         assert after["state"] == before["state"]
         rpc = exchange(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}})
         assert rpc["type"] == "mcp" and len(rpc["data"]["result"]["tools"]) == 10
+        # request_id makes a step idempotent: the retry answers the first attempt, applied once
+        step = {"type": "step", "request_id": "r-1",
+                "data": {"type": "call_tool", "tool_name": "return_book", "arguments": {"loan_id": "L0003"}}}
+        assert exchange(ws, step)["data"]["observation"]["replayed"] is False
+        again = exchange(ws, step)["data"]["observation"]
+        assert again["replayed"] is True and again["step"] == 3
+        # a message is bounded as a REST body is, before it is parsed
+        flood = exchange(ws, {"type": "reset", "data": {"seed": 0, "pad": [1] * 200_001}})
+        assert flood["data"]["problem"]["limit"] == "max_body_values"
+    assert '"method": "WS"' in server.log.read_text()  # the access log has a line per message
     with connect(ws_url(server, "no_such_env")) as ws:
         refused = json.loads(ws.recv(timeout=30))
         assert refused["data"]["code"] == "SESSION_ERROR" and refused["data"]["problem"]["status"] == 404
