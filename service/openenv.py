@@ -86,11 +86,10 @@ def checked_key(key: Any, field: str) -> str | None:
 
 @dataclass
 class Opened:
-    """An episode a reset opened or continued; ``created`` is false when it continued one."""
+    """An episode a reset opened or continued, and the reset's answer."""
 
     session_id: str
     payload: dict[str, Any]
-    created: bool
 
 
 class Episodes:
@@ -145,7 +144,7 @@ class Episodes:
             if not isinstance(episode_id, str) or set(data) - {"episode_id"}:
                 raise InvalidRequest("episode_id continues an episode as it is: send it alone, as a string",
                                      field="episode_id")
-            return Opened(episode_id, await self._continued(await self.episode(episode_id)), False)
+            return Opened(episode_id, await self._continued(await self.episode(episode_id)))
         mode = data.get("mode", "task")
         if mode not in MODES:
             raise InvalidRequest("mode must be 'task' or 'conversation'", field="mode")
@@ -154,7 +153,7 @@ class Episodes:
         if current is not None:
             kept = await self._fresh(current, scenario, mode)
             if kept is not None:
-                return Opened(current, await self._continued(kept), False)
+                return Opened(current, await self._continued(kept))
         init_config = data.get("init_config")
         if init_config is not None and (scenario is not None or not isinstance(init_config, dict)):
             raise InvalidRequest("init_config (an object) starts an environment without scenarios; a scenario "
@@ -170,7 +169,7 @@ class Episodes:
         meta = created.meta
         observation = self._opening(env, scenario, meta.session_id, mode, meta.opening, step=0)
         observation["seed"] = seed
-        return Opened(meta.session_id, {"observation": observation, "reward": None, "done": False}, True)
+        return Opened(meta.session_id, {"observation": observation, "reward": None, "done": False})
 
     async def _chosen(self, data: dict[str, Any]) -> tuple[Scenario | None, int | None]:
         scenario_id, seed = data.get("scenario_id"), data.get("seed")
