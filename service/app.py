@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import mcp, problems, ui
+from service import mcp, openenv_routes, problems, ui
 from service.analysis import Analysis
 from service.api import router
 from service.auth import KeyRing
@@ -127,6 +127,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
 
     app.include_router(router)
     mcp.mount(app)
+    openenv_routes.mount(app)
     ui.mount(app)
     app.add_middleware(FastCalls)  # innermost: inside the body limit and the access log
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
