@@ -20,7 +20,7 @@ from envfoundry_client.signatures import tool_function
 from transformers.utils import get_json_schema
 
 from tests.client.agent_scripts import LIB_001_OPENING, LIB_001_USER
-from tests.client.scripted_chat import Running
+from tests.scripted_openai import Running
 from tests.client.test_rollout import task
 from tests.conftest import Server
 
