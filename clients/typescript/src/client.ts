@@ -103,7 +103,7 @@ export class EnvfoundryClient {
     return this.json("POST", "/v1/environments", { json: body });
   }
 
-  /** Remove an environment this key's tenant added (scope `admin`); its sessions cannot go on. */
+  /** Remove an environment this key's tenant added (scope `admin`); its sessions are gone (404) from then on. */
   async deleteEnvironment(envId: string): Promise<void> {
     await this.json("DELETE", `/v1/environments/${seg(envId)}`);
   }
