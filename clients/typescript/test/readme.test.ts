@@ -37,4 +37,7 @@ test("the README example compiles and runs", async () => {
   assert.match(printed, /^refused: true {"success":false,"error":"Loan 'L9999' not found"}$/m);
   assert.match(printed, /^unknown: false unknown_tool$/m);
   assert.match(printed, /404 urn:envfoundry:problem:not-found/);
+  assert.match(printed, /^reward: 1$/m);
+  const left = (await (await fetch(`${server.url}/v1/sessions`)).json()) as { total: number };
+  assert.equal(left.total, 0, "the example deletes every session it made");
 });
