@@ -97,6 +97,15 @@ def test_console_pages_forbid_inline_and_foreign_scripts(servers: tuple[Server, 
     assert page.headers["x-content-type-options"] == "nosniff"
 
 
+def test_the_root_address_opens_the_console(servers: tuple[Server, Server]) -> None:
+    """`envfoundry serve` prints http://host:port; opening it leads to the console, not a 404."""
+    open_server, _ = servers
+    with open_server.client() as http:
+        root = http.get("/")
+        assert root.status_code == 307 and root.headers["location"] == "/ui/"
+        assert "<main" in http.get("/", follow_redirects=True).text
+
+
 def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: pytest.TempPathFactory) -> None:
     """A user solves lib-001 by hand in the console and the score reaches 1.0; reports and the key prompt work."""
     node = shutil.which("node")

@@ -153,6 +153,19 @@ def test_tool_failures_are_observations_and_lose_nothing(client: httpx.Client) -
     assert state(client, sid)["state"]["counter"] == 3
 
 
+def test_a_misspelt_argument_is_named_with_the_one_it_is_probably_meant_to_be(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="lib-001")
+    result = call(client, sid, "renew_loan", {"loan": "L0001"})
+    assert result["ok"] is False and result["error"]["type"] == "invalid_arguments"
+    assert result["error"]["message"] == ("renew_loan: unexpected argument 'loan' (did you mean 'loan_id'?); "
+                                          "the tool takes 'loan_id'; 'loan_id' is a required property")
+    extra = call(client, sid, "renew_loan", {"loan_id": "L0001", "note": "x"})["error"]["message"]
+    assert extra == "renew_loan: unexpected argument 'note'; the tool takes 'loan_id'"
+    # A failed call is a step of the trajectory (it counts toward ENVFOUNDRY_MAX_STEPS) and changes nothing.
+    assert client.get(f"/v1/sessions/{sid}").json()["steps"] == 2
+    assert state(client, sid)["state"]["loans"]["L0001"]["renewals"] == 0
+
+
 def test_non_json_results_and_rich_state_have_json_views(client: httpx.Client) -> None:
     sid = new_session(client, env_id="probe")
     assert call(client, sid, "return_odd", {"kind": "set"})["result"] == ["a", "b"]
