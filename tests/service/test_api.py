@@ -303,6 +303,7 @@ def test_sessions_of_a_deleted_environment_are_gone_even_after_the_id_is_added_a
     first = new_session(client, env_id=env_id, init_config={"balance": 1})
     untouched = new_session(client, env_id=env_id, init_config={"balance": 1})
     fork = client.post(f"/v1/sessions/{first}/fork").json()["session_id"]
+    assert call(client, fork, "deposit", {"amount": 1})["result"] == {"success": True, "data": 2}  # a fork goes on
     assert client.delete(f"/v1/environments/{env_id}").status_code == 204
     # The same id and code again: a new registration, which the old sessions were not made from.
     assert client.post("/v1/environments", json=body).status_code == 201
