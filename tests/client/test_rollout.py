@@ -172,6 +172,7 @@ def test_a_run_whose_llm_is_unreachable_says_so_and_exits_non_zero(ef_server: Se
                               "the agent's. First cause: llm_error: no answer from the LLM endpoint (ConnectError")
     assert message.endswith("(after 4 attempts)")
     assert done.stdout.splitlines()[2].split()[:4] == ["library_circulation", "2", "2", "0.000"]
+    assert "rollout 2/2 episodes | mean reward 0.000 | failed 2 | running 0" in done.stderr  # the progress line too
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["finish_reason"] for r in written] == ["llm_error", "llm_error"]  # the records are still written
     assert all(httpx.get(f"{ef_server.url}/v1/sessions/{r['session_id']}").status_code == 404 for r in written)

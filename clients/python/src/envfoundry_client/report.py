@@ -90,7 +90,7 @@ def failures(records: list[JSON]) -> str | None:
 
 
 class Progress:
-    """``done/total episodes, mean reward, running, tokens`` on one line of ``stream``, redrawn in
+    """``done/total episodes, mean reward, failed (when any), running, tokens`` on one line of ``stream``, redrawn in
     place on a terminal and written as plain lines elsewhere (logs)."""
 
     def __init__(self, total: int, stream: TextIO | None = None) -> None:
@@ -101,6 +101,7 @@ class Progress:
         self.running = 0
         self.reward = 0.0
         self.tokens = 0
+        self.failed = 0
 
     def started(self) -> None:
         self.running += 1
@@ -111,12 +112,14 @@ class Progress:
         self.running -= 1
         self.done += 1
         self.reward += float(record.get("reward") or 0.0)
+        self.failed += failed_outside_agent(record)
         self.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
         self._write("\r\x1b[2K" + self.line() if self.live else self.line() + "\n")
 
     def line(self) -> str:
         mean = f"{self.reward / self.done:.3f}" if self.done else "-"
-        return (f"rollout {self.done}/{self.total} episodes | mean reward {mean} | running {self.running} | "
+        failed = f" | failed {self.failed}" if self.failed else ""  # seen early in a long run, not at its end
+        return (f"rollout {self.done}/{self.total} episodes | mean reward {mean}{failed} | running {self.running} | "
                 f"tokens {self.tokens}")
 
     def close(self) -> None:
