@@ -84,8 +84,9 @@ def failures(records: list[JSON]) -> str | None:
         return None
     counts = ", ".join(f"{reason} {sum(r['finish_reason'] == reason for r in bad)}"
                        for reason in FAILURES if any(r["finish_reason"] == reason for r in bad))
-    scope = f"all {len(bad)}" if len(bad) == len(records) else f"{len(bad)} of {len(records)}"
-    return (f"{scope} episodes failed outside the agent ({counts}); their rewards are not the agent's. "
+    scope = ("the only episode" if len(records) == 1 else f"all {len(bad)} episodes" if len(bad) == len(records)
+             else f"{len(bad)} of {len(records)} episodes")
+    return (f"{scope} failed outside the agent ({counts}); their rewards are not the agent's. "
             f"First cause: {bad[0]['finish_reason']}: {bad[0].get('error')}")
 
 
