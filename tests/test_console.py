@@ -64,6 +64,16 @@ def synth_folder(root: Path) -> Path:
     return root / "synth-out"
 
 
+def failed_rollout(path: Path) -> Path:
+    """A rollout whose LLM endpoint could not be reached, as `envfoundry rollout` writes it."""
+    record = json.loads((HERE / "client" / "expected" / "rollout-task-native.jsonl").read_text().splitlines()[0])
+    record.update(reward=0.0, passed=0, finish_reason="llm_error", messages=record["messages"][:2], tool_calls=[],
+                  error="no answer from the LLM endpoint (ConnectError: All connection attempts failed) "
+                        "(after 4 attempts)")
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     tmp = tmp_path_factory.mktemp("console")
@@ -121,7 +131,8 @@ def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: 
            "CONSOLE_ROLLOUT": str(HERE / "client" / "expected" / "rollout-task-native.jsonl"),
            "CONSOLE_HOSTILE_SCENARIO": add_hostile_scenario(open_server), "CONSOLE_HOSTILE_TEXT": HOSTILE,
            "CONSOLE_USER_LINES": json.dumps(USER_LINES),
-           "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input"))}
+           "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input")),
+           "CONSOLE_ROLLOUT_FAILED": str(failed_rollout(shots.parent / f"{shots.name}-failed.jsonl"))}
     result = subprocess.run([str(node), str(CONSOLE_TESTS / "console.test.mjs")], cwd=CONSOLE_TESTS, env=env,
                             capture_output=True, text=True, timeout=300)
     print(result.stdout)

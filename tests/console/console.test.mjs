@@ -16,6 +16,7 @@ const KEY = env("CONSOLE_KEY");
 const SHOTS = env("CONSOLE_SHOTS");
 const SCENARIO = JSON.parse(env("CONSOLE_SCENARIO"));
 const ROLLOUT = env("CONSOLE_ROLLOUT");
+const ROLLOUT_FAILED = env("CONSOLE_ROLLOUT_FAILED");
 const SYNTH = env("CONSOLE_SYNTH");
 const HOSTILE = env("CONSOLE_HOSTILE_SCENARIO");
 const USER_LINES = JSON.parse(env("CONSOLE_USER_LINES"));
@@ -181,8 +182,12 @@ try {
   assert.ok(await page.locator(".rollouts > li").count() > 0);
   await page.locator(".rollouts summary").first().click();
   await page.locator(".rollouts .msg.tool").first().waitFor();
+  assert.equal(await page.getByRole("alert").count(), 0, "a rollout without failures raises no alarm");
   await shot("07-rollout");
   ok("a rollout JSONL shows mean reward per environment as a chart and each trajectory's messages");
+  await page.getByLabel("Rollout file").setInputFiles(ROLLOUT_FAILED);
+  await page.getByRole("alert").filter({ hasText: "1 of 1 ended because the LLM endpoint or the service failed (llm_error: no answer" }).waitFor();
+  ok("a rollout whose episodes the LLM endpoint ended says so above the chart");
 
   await page.getByRole("link", { name: "Synthesis report" }).click();
   await page.getByLabel("Output folder").setInputFiles(SYNTH);
