@@ -110,7 +110,7 @@ class Sessions:
             state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None)
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
-                                 mode=mode, opening=opening) for sid in ids]
+                                 mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
             try:
                 await self._store(self.store.create_group(metas, state, state, []))
             except BaseException:
@@ -164,7 +164,9 @@ class Sessions:
     async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "",
                        blobs: bool = True) -> Snapshot:
         snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs))
-        return self._visible(snap, session_id, tenant)
+        visible = self._visible(snap, session_id, tenant)
+        await self.environment_of(visible)  # a session whose environment was deleted is gone
+        return visible
 
     @staticmethod
     def _visible(snap: Snapshot | None, session_id: str, tenant: str) -> Snapshot:
@@ -177,14 +179,37 @@ class Sessions:
         """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
         ids, total = await self._store(self.store.live(tenant, offset, limit))
         snaps = [await self._store(self.store.load(sid)) for sid in ids]
-        return [s for s in snaps if s is not None and s.meta.tenant == tenant], total
+        kept = []
+        for snap in snaps:
+            if snap is None or snap.meta.tenant != tenant:
+                continue
+            try:
+                await self.environment_of(snap)
+            except NotFound:  # its environment was deleted: it is gone now, and no longer counted
+                total -= 1
+                continue
+            kept.append(snap)
+        return kept, total
 
     async def environment_of(self, snap: Snapshot) -> Environment:
+        """The environment the session was made from.
+
+        Raises:
+            NotFound: that registration of the environment was deleted (the id may have been added
+                again since, with other code or the same). The session is removed then, so every
+                later request, listings included, finds it gone.
+        """
         try:
-            return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+            env = await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
         except NotFound:
-            raise NotFound(f"the environment '{snap.meta.env_id}' of session '{snap.meta.session_id}' was deleted; "
-                           "the session cannot go on") from None
+            env = None
+        if env is not None and env.registration == snap.meta.env_registration:
+            return env
+        session_id = snap.meta.session_id
+        self.pool.forget(session_id)
+        if await self._store(self.store.delete(session_id)):
+            await self._store(self.store.forget(snap.meta.tenant, [session_id]))
+        raise NotFound(f"session '{session_id}' not found: its environment '{snap.meta.env_id}' was deleted")
 
     async def scenario_of(self, snap: Snapshot) -> Scenario | None:
         if snap.meta.scenario_id is None:
