@@ -258,7 +258,7 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
             close_inherited(keep=(host_end.fileno(),))
             os.setpgid(0, 0)
             if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
-                seccomp.own_group_signals_only()
+                seccomp.confine_session()
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
             try:
                 module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],

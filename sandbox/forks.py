@@ -349,7 +349,7 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
         os.setpgid(0, 0)
         _detach_standard_streams()
         if limits.filtered and restrict_signals:
-            seccomp.own_group_signals_only()
+            seccomp.confine_session()
         _set_call_limits(timeout, limits)
     except BaseException as exc:
         payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
