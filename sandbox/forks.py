@@ -296,6 +296,11 @@ def end(pid: int, pidfd: int, deadline: float | None) -> bool:
     return overran
 
 
+def exited_by(pid: int, pidfd: int, deadline: float) -> bool:
+    """Wait until the fork pinned by ``pidfd`` has exited (its memory is freed then), or ``deadline``."""
+    return _exits_by(pid, deadline, pidfd)
+
+
 def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap: int) -> dict[str, Any]:
     """The error for a fork that did not answer, from how it ended."""
     if outcome == "timeout" or overran:

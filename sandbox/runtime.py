@@ -11,6 +11,9 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
 - ``ping``      {}                               -> {ok}
+Any request may carry ``ending`` {sessions, envs}: first, the live processes of these sessions
+end, and every process of these environments (the service deleted them); and ``stats``: the
+answer then carries ``memory`` (see ``Runtime.memory``).
 
 Processes: the worker forks one clean *zygote* before it reads any request; the zygote forks a
 *host* per environment, which runs the module code once and keeps a ready fork of itself. For
@@ -26,7 +29,9 @@ Everything a fork answers is checked and only the fields of the request's kind p
 A resident runs only while its own session's request is served: it is stopped (SIGSTOP) the
 moment it has answered, and ended as soon as a call may have changed its instance without the
 change being answered (a tool raised, timed out, ran out of memory or printed too much), or when
-its host goes, it is the least recently used one past ``max_residents``, or it idled too long.
+its host goes, it is the least recently used one past ``max_residents``, it idled too long, its
+session or environment was deleted, or the worker's memory (measured from its cgroup after every
+request) leaves less room than one call may take: then the least recently used go first.
 
 Standard library only.
 """
@@ -45,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import channel, contain, envhost, protocol, seccomp
+from sandbox.memory import Gauge, share_of
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
@@ -53,6 +59,7 @@ from sandbox.forks import (
     close_inherited,
     end,
     error,
+    exited_by,
     outcome_error,
     read_answer,
 )
@@ -70,6 +77,8 @@ HOST_MESSAGE_BYTES = 64 * 1024
 # Live sessions a worker keeps by default, and how long an unused one stays.
 MAX_RESIDENTS = 32
 RESIDENT_IDLE = 600.0
+# Room kept free beyond one call's own memory limit (the worker's own work on its answer).
+MEMORY_SLACK = 32 << 20
 NEED_STATE = "need_state"
 # Call errors raised before environment code ran: the resident is still what was stored.
 UNTOUCHED = frozenset({"unknown_tool", "invalid_arguments"})
@@ -105,10 +114,14 @@ class Resident:
 class Runtime:
     def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
                  own_processes: bool = False, filter_syscalls: bool = True,
-                 max_residents: int = MAX_RESIDENTS) -> None:
+                 max_residents: int = MAX_RESIDENTS, resident_idle: float = RESIDENT_IDLE,
+                 gauge: Gauge | None = None) -> None:
         self.limits = limits
         self.residents: dict[str, Resident] = {}  # by session id, least recently used first
         self.max_residents = max_residents
+        self.resident_idle = resident_idle
+        self.gauge = gauge  # the worker's memory cgroup, when one can be read
+        self.evicted = 0  # live sessions ended to keep room for a call
         self.private_tmp = private_tmp
         # Only in a PID namespace (or container) of its own may the worker stop and kill what it sees.
         self.own_processes = own_processes
@@ -171,6 +184,8 @@ class Runtime:
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         try:
+            if isinstance(request.get("ending"), dict):
+                self._end(request["ending"])
             if op == "load":
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
@@ -203,8 +218,26 @@ class Runtime:
             self._scrub()
         if self.unhealthy:
             response["unhealthy"] = True
+        if request.get("stats") is True:
+            response["memory"] = self.memory()
         response["id"] = request.get("id")
         return response
+
+    def memory(self) -> dict[str, Any]:
+        """Live sessions, what their processes hold, the worker's measured memory, evictions."""
+        limit = self.gauge.limit() if self.gauge is not None else None
+        return {"live": len(self.residents), "live_bytes": sum(share_of(r.pid) for r in self.residents.values()),
+                "used": self.gauge.used() if self.gauge is not None else None, "limit": limit,
+                "evicted": self.evicted}
+
+    def _end(self, ending: dict[str, Any]) -> None:
+        for session in ending.get("sessions") or ():
+            if session in self.residents:
+                self._end_resident(session)
+        for key in ending.get("envs") or ():
+            self.sources.pop(key, None)
+            if key in self.hosts:
+                self._stop_host(key)
 
     # -- zygote and hosts -----------------------------------------------------------------
     def _zygote(self, message: dict[str, Any], wait: float) -> dict[str, Any]:
@@ -524,9 +557,13 @@ class Runtime:
                 resident.stopped.append(pid)
                 todo.extend(_children_of(pid))
 
-    def _end_resident(self, session: str) -> None:
+    def _end_resident(self, session: str, *, wait: bool = False) -> None:
+        """End a session's live process; with ``wait``, only return once it is gone (and its
+        memory with it)."""
         resident = self.residents.pop(session)
         end(resident.pid, resident.pidfd, None)
+        if wait:
+            exited_by(resident.pid, resident.pidfd, time.monotonic() + HOST_GUARD)
         _release(resident)
         host = self.hosts.get(resident.env)
         if host is not None:
@@ -555,11 +592,23 @@ class Runtime:
         return status
 
     def _expire_residents(self) -> None:
-        idle = time.monotonic() - RESIDENT_IDLE
+        idle = time.monotonic() - self.resident_idle
         for session, resident in list(self.residents.items()):
             if resident.used > idle:
                 break
             self._end_resident(session)
+
+    def _fit_memory(self) -> None:
+        """End the least recently used live sessions while the worker's memory leaves less room
+        than one call may take, so that no running call, new session or worker is ever what the
+        kernel ends when the group is full."""
+        limit = self.gauge.limit() if self.gauge is not None else None
+        if self.gauge is None or limit is None:
+            return
+        room = limit - self.limits.memory_bytes - MEMORY_SLACK
+        while self.residents and self.gauge.used() > room:
+            self._end_resident(next(iter(self.residents)), wait=True)
+            self.evicted += 1
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
@@ -593,6 +642,7 @@ class Runtime:
         """Leave nothing from this request for the next one."""
         self._expire_residents()
         self._reap()
+        self._fit_memory()
         if not self.private_tmp:
             return
         self._empty_tmp()

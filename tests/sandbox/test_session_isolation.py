@@ -4,13 +4,15 @@ another session's process or the machinery, although all of a worker's processes
 The attacks are the ones measured against live sessions (as root, process backend): resource
 limits, priorities and scheduling set on other processes, signals delivered through a file's
 owner, a session made dumpable to read another's memory, and the kernel interfaces that watch or
-reach past a process (personality, landlock, inotify, pseudo-terminals, I/O priorities).
+reach past a process (personality, landlock, inotify, pseudo-terminals, I/O priorities). And a
+session's process ends with the session: when it is deleted, and when its environment is.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from sandbox.pool import EnvCode, WorkerPool
@@ -72,6 +74,14 @@ class Tenant:
 
     def whoami(self) -> int:
         return os.getpid()
+
+    def state_of(self, pid: int) -> str:
+        """The process's state letter (Z: ended, awaiting its parent), or 'gone'."""
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
 
     def at_load(self) -> dict:
         return AT_LOAD
@@ -266,3 +276,37 @@ async def test_kernel_interfaces_that_reach_past_a_session_are_refused(pool_fact
             "personality": EPERM, "landlock": EPERM, "inotify": EPERM, "fanotify": EPERM, "pdeathsig": EPERM,
             "ptracer": EPERM, "kcmp": EPERM}, surface
         assert surface["personality_query"][0] >= 0  # asking for it still works
+
+
+async def _ended(observer: Live, pid: int) -> bool:
+    """Whether ``pid`` ended, as another session of the same worker sees it (bounded wait: the
+    worker ends it as soon as it is idle)."""
+    for _ in range(50):
+        if await observer.call("state_of", pid=pid) in ("Z", "gone"):
+            return True
+        await anyio.sleep(0.1)
+    return False
+
+
+async def test_a_deleted_sessions_process_ends(pool_factory: Any) -> None:
+    async with _setting(pool_factory) as pool:
+        victim, pid = await _victim(pool)
+        observer = await Live.start(pool, ATTACKER, "observer")
+        assert await observer.call("state_of", pid=pid) not in ("Z", "gone")
+        pool.end_session("victim")
+        assert await _ended(observer, pid)
+        assert pool.replaced == 0
+
+
+async def test_a_deleted_environments_processes_end_and_others_go_on(pool_factory: Any) -> None:
+    async with _setting(pool_factory) as pool:
+        first, pid = await _victim(pool)
+        second = await Live.start(pool, VICTIM, "second")
+        other = await second.call("whoami")
+        observer = await Live.start(pool, ATTACKER, "observer")
+        pool.unload(VICTIM.key)
+        assert await _ended(observer, pid) and await _ended(observer, other)
+        assert pool.replaced == 0
+        # loaded again on its next use, its sessions rebuilt from their stored state
+        again = await pool.init_state(VICTIM, {}, session="third")
+        assert isinstance(again, str)
