@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import channel, contain, envhost, protocol, seccomp
-from sandbox.memory import Gauge, share_of
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
@@ -63,6 +62,7 @@ from sandbox.forks import (
     outcome_error,
     read_answer,
 )
+from sandbox.memory import Gauge, share_of
 
 # Environment hosts kept per worker; the least recently used goes first.
 MAX_HOSTS = 16
