@@ -121,6 +121,12 @@ class _Program:
     def label(self, name: str) -> None:
         self.labels[name] = len(self.code)
 
+    def x86_64_only(self) -> None:
+        """Start: a process calling by another ABI is ended ("kill"); then load the call's number."""
+        self.load(ARCH_OFFSET)
+        self.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
+        self.load(NR_OFFSET)
+
     def assemble(self) -> bytes:
         out = bytearray()
         for index, (op, true, false, value) in enumerate(self.code):
@@ -134,9 +140,7 @@ class _Program:
 def confine_program() -> bytes:
     deny = RET_ERRNO | errno.EPERM
     program = _Program()
-    program.load(ARCH_OFFSET)
-    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
-    program.load(NR_OFFSET)
+    program.x86_64_only()
     program.jump(JGE_K, X32_SYSCALL_BIT, "deny")
     for numbers in REFUSED.values():
         for number in numbers:
@@ -165,9 +169,7 @@ def confine_program() -> bytes:
 def session_program() -> bytes:
     """Keep a process to itself: see the module's docstring for what this refuses and why."""
     program = _Program()
-    program.load(ARCH_OFFSET)
-    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
-    program.load(NR_OFFSET)
+    program.x86_64_only()
     for numbers in SESSION_REFUSED.values():
         for number in numbers:
             program.jump(JEQ_K, number, "deny")
