@@ -252,6 +252,8 @@ class WorkerPool:
         self._closed = True
         if self._pinger is not None:
             self._pinger.cancel()
+        if self._ender is not None:
+            self._ender.cancel()
         for task in list(self._pending):
             task.cancel()
         while self._idle:
