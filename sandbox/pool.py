@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,6 +49,8 @@ CALL_ERRORS = frozenset(
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
 # How often a worker is asked for its memory figures (on a request it serves anyway).
 STATS_EVERY = 1.0
+# Encoded initial states kept by template (least recently used out first), in characters.
+INITIAL_CACHE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class WorkerMemory:
     """What a worker last said of its memory (see ``sandbox.runtime.Runtime.memory``)."""
 
     live: int = 0
+    templates: int = 0  # initial states kept built (see ``init_state``)
     live_bytes: int = 0
     used: int | None = None
     limit: int | None = None
@@ -180,6 +183,8 @@ class WorkerPool:
         self.memory: dict[int, WorkerMemory] = {}
         self._evicted_before: Counter[int] = Counter()  # by workers of the slot that were replaced
         self._stats_at: dict[int, float] = {}
+        self._initial: OrderedDict[str, tuple[str, str]] = OrderedDict()  # template -> (digest, state)
+        self._initial_bytes = 0
 
     async def start(self) -> None:
         await self.backend.start()
@@ -396,7 +401,8 @@ class WorkerPool:
         reported = answer.pop("memory", None)
         if isinstance(reported, dict):
             self.memory[worker.slot] = WorkerMemory(
-                live=int(reported.get("live") or 0), live_bytes=int(reported.get("live_bytes") or 0),
+                live=int(reported.get("live") or 0), templates=int(reported.get("templates") or 0),
+                live_bytes=int(reported.get("live_bytes") or 0),
                 used=reported.get("used"), limit=reported.get("limit"),
                 evicted=self._evicted_before[worker.slot] + int(reported.get("evicted") or 0))
         return answer
@@ -464,23 +470,49 @@ class WorkerPool:
             return {"kind": failure["kind"], "message": failure["message"]}
         return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
-    async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None) -> str:
-        """The encoded initial state; with ``session``, the worker keeps the instance live for its calls."""
+    async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None,
+                         template: str | None = None) -> str:
+        """The encoded initial state; with ``session``, the worker keeps the instance live for its calls.
+
+        With ``template`` (a key the caller makes for one initial state: same environment code,
+        same ``init_config``, same tenant), each worker builds that instance once and starts later
+        sessions as forks of it, and the encoded state it made is kept here by its digest, so a
+        session made from it costs neither building nor encoding the state, whatever its size.
+        """
         message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes}
+        cached = self._initial.get(template) if template is not None else None
+        if template is not None:
+            message["template"] = template
+            if cached is not None:
+                message["known"] = cached[0]
         if session is not None:
             message.update(session=session, next_version=0)
             self._unhome(session)
         answer, slot = await self._request(message, env, self.limits.call_timeout, None)
-        state = answer.get("state")
-        if not isinstance(state, str):
-            raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
-        problem = _state_problem(state, self.limits.state_bytes)
-        if problem:
-            raise RequestFailed("sandbox_error", f"the init process sent {problem}")
+        state, digest = answer.get("state"), answer.get("digest")
+        if state is None and cached is not None and digest == cached[0] and template is not None:
+            state = cached[1]
+            self._initial.move_to_end(template)
+        else:
+            if not isinstance(state, str):
+                raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
+            problem = _state_problem(state, self.limits.state_bytes)
+            if problem:
+                raise RequestFailed("sandbox_error", f"the init process sent {problem}")
+            if template is not None and isinstance(digest, str):
+                self._keep_initial(template, digest, state)
         if session is not None:
             self._home(session, slot, 0)
         return state
+
+    def _keep_initial(self, template: str, digest: str, state: str) -> None:
+        self._initial.pop(template, None)
+        self._initial[template] = (digest, state)
+        self._initial_bytes = sum(len(text) for _, text in self._initial.values())
+        while self._initial_bytes > INITIAL_CACHE_BYTES and len(self._initial) > 1:
+            _, (_, dropped) = self._initial.popitem(last=False)
+            self._initial_bytes -= len(dropped)
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
