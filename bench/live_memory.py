@@ -7,7 +7,10 @@ state size, what each live session adds to the worker's memory cgroup (the kerne
 page cache aside), what the kernel counts as each session process's resident memory, the
 sessions still live (the worker ends the least recently used ones once fewer than one call's
 memory limit is left), and how much the worker gives back once they are deleted. Before live
-sessions were budgeted by measure, every one was assumed to cost 4 MB.
+sessions were budgeted by measure, every one was assumed to cost 4 MB. Rows marked "t" make the
+sessions from one template (as the service does for sessions of one scenario): the first builds
+the initial state, the others are forks of it, sharing its pages until they change them; their
+create time is the mean over all sessions, the first included.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _backend(name: str) -> object:
     return ProcessBackend()
 
 
-async def measure(records: int, sessions: int, backend: str) -> dict[str, float]:
+async def measure(records: int, sessions: int, backend: str, template: str | None) -> dict[str, float]:
     pool = WorkerPool(_backend(backend), 1, Limits(call_timeout=30.0))  # type: ignore[arg-type]
     await pool.start()
     try:
@@ -60,7 +63,7 @@ async def measure(records: int, sessions: int, backend: str) -> dict[str, float]
         state_bytes = 0
         started = time.perf_counter()
         for i in range(sessions):
-            state_bytes = len(await pool.init_state(ENV, {"size": records}, session=f"s{i}"))
+            state_bytes = len(await pool.init_state(ENV, {"size": records}, session=f"s{i}", template=template))
         create = (time.perf_counter() - started) / sessions
         (held,) = (await pool.measure()).values()
         for i in range(sessions):
@@ -83,8 +86,9 @@ async def main() -> None:
     print(f"{args.sessions} live sessions, one {args.backend} worker, default limits")
     print(f"{'state':>6} {'encoded':>10} {'create':>8} {'per session':>12} {'its process':>12} {'live':>5} "
           f"{'evicted':>8} {'after delete':>13} {'vs 4 MB assumed':>16}")
-    for label, records in SIZES.items():
-        m = await measure(records, args.sessions, args.backend)
+    for (label, records), template in ((size, t) for t in (None, "bench") for size in SIZES.items()):
+        m = await measure(records, args.sessions, args.backend, template)
+        label = f"{label}{' t' if template else ''}"
         print(f"{label:>6} {m['state_bytes'] / 1024:>8.0f}KB {m['create_s'] * 1000:>6.0f}ms "
               f"{m['per_session_mb']:>10.1f}MB {m['resident_mb']:>10.1f}MB {m['live']:>5.0f} {m['evicted']:>8.0f} "
               f"{m['left_mb']:>11.1f}MB {m['per_session_mb'] / 4:>15.1f}x")

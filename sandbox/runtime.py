@@ -703,6 +703,10 @@ class Runtime:
             if resident.used > idle:
                 break
             self._end_resident(session)
+        parents = {id(resident.parent) for resident in self.residents.values()}
+        for key, template in list(self.templates.items()):
+            if template.used <= idle and id(template) not in parents:
+                self._end_template(key)
 
     def _fit_memory(self) -> None:
         """End the least recently used live sessions while the worker's memory leaves less room
