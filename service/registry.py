@@ -144,8 +144,15 @@ class Registry:
         loaded = self.catalog.environments if kind == "environments" else self.catalog.scenarios
         if key in loaded:
             raise Forbidden(f"'{key}' belongs to a catalog loaded from disk; those are read-only")
+        env = await self._existing(self.environment, key, tenant) if kind == "environments" else None
         if not await self.store.delete_record(kind, key, tenant=tenant):
             raise NotFound(f"{kind[:-1]} '{key}' not found")
+        if env is not None and not self._in_use(env_code(env).key):
+            self.pool.unload(env_code(env).key)  # its sessions' live processes end with its hosts
+
+    def _in_use(self, code_key: str) -> bool:
+        """Whether a catalog environment runs the same code (hosts are shared by code hash)."""
+        return any(env_code(env).key == code_key for env in self.catalog.environments.values())
 
     async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int) -> str | None:
         try:

@@ -7,6 +7,7 @@ replica can serve any request and a restart loses nothing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from service.store import Held, LockTimeout, SessionMeta, SessionStore, Snapshot
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 
+TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
@@ -90,6 +92,8 @@ class Sessions:
         self.lock_wait = lock_wait
         self.user = user
         self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
+        # (tenant, scenario) -> (its config, the code hash, its template key)
+        self._templates: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
@@ -107,7 +111,8 @@ class Sessions:
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
-            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None)
+            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
+            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template)
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
@@ -119,10 +124,27 @@ class Sessions:
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
 
-    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None) -> str:
+    def _template_key(self, tenant: str, env: Environment, scenario_id: str | None, config: dict[str, Any]) -> str:
+        """Names one initial state (same code, same config, same tenant): sandbox workers build it
+        once and start each session made from it as a fork of it. A scenario's key is kept while
+        its config is the same object, so a large scenario is not re-encoded for every session."""
+        if scenario_id is not None:
+            known = self._templates.get((tenant, scenario_id))
+            if known is not None and known[0] is config and known[1] == env.code_hash:
+                return known[2]
+        text = json.dumps([tenant, env.code_hash, config], sort_keys=True, ensure_ascii=False, default=repr)
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if scenario_id is not None:
+            self._templates[(tenant, scenario_id)] = (config, env.code_hash, key)
+            while len(self._templates) > TEMPLATE_KEYS:
+                self._templates.pop(next(iter(self._templates)))
+        return key
+
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None,
+                             template: str | None = None) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                return await self.pool.init_state(env_code(env), config, session)
+                return await self.pool.init_state(env_code(env), config, session, template)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -441,7 +463,7 @@ class Sessions:
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
-        self.pool.forget(session_id)
+        self.pool.end_session(session_id)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
         await self._store(self.store.forget(tenant, [session_id]))
