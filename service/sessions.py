@@ -228,7 +228,7 @@ class Sessions:
         if env is not None and env.registration == snap.meta.env_registration:
             return env
         session_id = snap.meta.session_id
-        self.pool.forget(session_id)
+        self.pool.end_session(session_id)
         if await self._store(self.store.delete(session_id)):
             await self._store(self.store.forget(snap.meta.tenant, [session_id]))
         raise NotFound(f"session '{session_id}' not found: its environment '{snap.meta.env_id}' was deleted")
