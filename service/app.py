@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         pool = make_pool(settings)
         await pool.start()
         registry = Registry(loaded, store, pool, max_environments=settings.max_environments,
-                            max_scenarios=settings.max_scenarios)
+                            max_scenarios=settings.max_scenarios, max_tenant_bytes=settings.max_tenant_bytes)
         user = make_user(settings)
         app.state.settings = settings
         app.state.keys = keys

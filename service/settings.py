@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
     tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
                                         "tenant may hold at once.")
+    max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
+                                  "sessions' states, initial states and step records, and its added environments "
+                                  "and scenarios. A write past it is refused whole (429 quota-exceeded).")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
@@ -84,7 +87,8 @@ class Settings(BaseSettings):
 
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
-                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
+                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share,
+                             max_tenant_bytes=self.max_tenant_bytes)
 
     def limits(self) -> Limits:
         return Limits(
