@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.pool import Limits
+from service.connections import ConnectionBounds
 from service.sessions import SessionLimits
 
 
@@ -55,6 +56,16 @@ class Settings(BaseSettings):
                                 "hold the event loop for long).")
     max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
                                  "(counted before parsing).")
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, description="Largest request line and headers "
+                                  "(431 past it; the connection is closed).")
+    header_timeout: float = Field(default=10.0, gt=0, description="Seconds a connection may take to send a "
+                                  "request's head, from when it opened or the previous answer ended.")
+    body_timeout: float = Field(default=60.0, gt=0, description="Seconds a request's body may take to arrive "
+                                "after its head.")
+    keep_alive_timeout: int = Field(default=5, ge=1, description="Seconds an idle kept-alive connection "
+                                      "stays open.")
+    max_connections: int = Field(default=1024, ge=1, description="Open connections; past it a new one closes the "
+                                 "one that has waited longest for a request (requests being answered are kept).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(
@@ -89,6 +100,10 @@ class Settings(BaseSettings):
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
                              score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share,
                              max_tenant_bytes=self.max_tenant_bytes)
+
+    def connection_bounds(self) -> ConnectionBounds:
+        return ConnectionBounds(max_header_bytes=self.max_header_bytes, header_timeout=self.header_timeout,
+                                body_timeout=self.body_timeout, max_connections=self.max_connections)
 
     def limits(self) -> Limits:
         return Limits(
