@@ -115,5 +115,6 @@ class Settings(BaseSettings):
             output_bytes=self.max_output_bytes,
             result_bytes=self.max_result_bytes,
             state_bytes=self.max_state_bytes,
+            diff_bytes=self.max_record_bytes,
             residents=self.residents,
         )

@@ -1,0 +1,231 @@
+"""The attacks of the hostile-client round, over real HTTP: the attacker gets a clear problem and
+changes nothing, and another tenant's requests (the victim's) are answered meanwhile."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from service.auth import new_key
+from tests.conftest import Server, start_server
+from tests.service.test_api import problem
+
+QUOTA = 8 << 20
+FLIPPER = '''
+class Flipper:
+    def __init__(self):
+        self.cells = [[] for _ in range(60_000)]
+
+    def flip(self) -> int:
+        """Flip every cell between empty and not."""
+        self.cells = [[] if cell else [0] for cell in self.cells]
+        return len(self.cells)
+'''
+SHARED_KEYS = '''
+class Shared:
+    def __init__(self):
+        shared = tuple(range(6000))
+        self.index = {(i, shared): i for i in range(300)}
+
+    def size(self) -> int:
+        """How many keys."""
+        return len(self.index)
+'''
+
+
+class Tenants:
+    def __init__(self) -> None:
+        self.attacker, line_a = new_key("attacker", ["run", "admin"])
+        self.victim, line_v = new_key("victim", ["run", "admin"])
+        self.lines = f"{line_a}\n{line_v}\n"
+
+
+@pytest.fixture(scope="module")
+def tenants() -> Tenants:
+    return Tenants()
+
+
+@pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def hostile(request: pytest.FixtureRequest, tenants: Tenants,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    (tmp / "keys").write_text(tenants.lines)
+    env = {"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys"), "ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA)}
+    redis_url = None
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
+    server = start_server(tmp, redis_url=redis_url, extra_env=env)
+    yield server
+    server.stop()
+    if redis_url:
+        raw = redis.Redis.from_url(redis_url)
+        leftovers = list(raw.scan_iter(match=f"{env['ENVFOUNDRY_KEY_PREFIX']}:*", count=1000))
+        if leftovers:
+            raw.delete(*leftovers)
+
+
+def _client(server: Server, key: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=60, headers={"authorization": f"Bearer {key}"})
+
+
+@pytest.fixture
+def attacker(hostile: Server, tenants: Tenants) -> Iterator[httpx.Client]:
+    with _client(hostile, tenants.attacker) as http:
+        yield http
+
+
+@pytest.fixture
+def victim(hostile: Server, tenants: Tenants) -> Iterator[httpx.Client]:
+    with _client(hostile, tenants.victim) as http:
+        yield http
+
+
+def _session(http: httpx.Client, **body: Any) -> str:
+    response = http.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["session_id"])
+
+
+def _victim_is_served(victim: httpx.Client) -> None:
+    sid = _session(victim, scenario_id="probe-001")
+    answer = victim.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": {"by": 2}})
+    assert answer.status_code == 200 and answer.json()["ok"] is True
+    assert victim.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def _clear(http: httpx.Client) -> None:
+    for info in http.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]:
+        http.delete(f"/v1/sessions/{info['session_id']}")
+
+
+def test_large_arguments_and_results_are_cut_in_the_stored_trajectory(attacker: httpx.Client,
+                                                                      victim: httpx.Client) -> None:
+    sid = _session(attacker, scenario_id="probe-001")
+    for i in range(3):
+        tag = f"{i}" + "a" * 300_000
+        answer = attacker.post(f"/v1/sessions/{sid}/calls", json={"name": "tag", "arguments": {"tag": tag}})
+        assert answer.status_code == 200 and answer.json()["ok"] is True
+        assert len(answer.json()["result"]) == i + 1  # the answer itself is whole
+    steps = attacker.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
+    assert len(steps) == 3
+    for step in steps:
+        assert step["arguments"] == {"$truncated": "size", "bytes": step["arguments"]["bytes"]}
+        assert step["arguments"]["bytes"] > 300_000
+        assert step["result"]["$truncated"] == "size"
+        assert step["diff"]["truncated"] is True
+    _victim_is_served(victim)
+    _clear(attacker)
+
+
+def test_a_fork_past_the_tenants_byte_quota_is_refused_whole(attacker: httpx.Client, victim: httpx.Client) -> None:
+    sid = _session(attacker, scenario_id="probe-001")
+    answer = attacker.post(f"/v1/sessions/{sid}/calls", json={"name": "tag", "arguments": {"tag": "b" * 900_000}})
+    assert answer.status_code == 200 and answer.json()["ok"] is True
+    before = attacker.get("/v1/sessions").json()["total"]
+    body = problem(attacker.post(f"/v1/sessions/{sid}/fork", json={"n": 64}), 429, "quota-exceeded")
+    assert body["quota"] == "max_tenant_bytes" and body["value"] == QUOTA
+    assert attacker.get("/v1/sessions").json()["total"] == before  # no copy was made
+    _victim_is_served(victim)
+    _clear(attacker)
+
+
+def _fill(attacker: httpx.Client) -> tuple[str, httpx.Response]:
+    """Sessions of about 900 KB each until the quota refuses a step: that session and the answer."""
+    for i in range(20):
+        sid = _session(attacker, scenario_id="probe-001")
+        answer = attacker.post(f"/v1/sessions/{sid}/calls",
+                               json={"name": "tag", "arguments": {"tag": f"{i}" + "c" * 900_000}})
+        if answer.status_code != 200:
+            return sid, answer
+        assert answer.json()["ok"] is True
+    raise AssertionError("the quota never refused a step")
+
+
+def test_steps_past_the_quota_are_refused_and_leave_the_session_as_it_was(attacker: httpx.Client,
+                                                                          victim: httpx.Client) -> None:
+    sid, refused = _fill(attacker)
+    body = problem(refused, 429, "quota-exceeded")
+    assert body["quota"] == "max_tenant_bytes" and refused.headers["retry-after"]
+    assert attacker.get(f"/v1/sessions/{sid}").json()["steps"] == 0  # the refused step was not applied
+    assert attacker.get(f"/v1/sessions/{sid}/state").json()["state"]["tags"] == []
+    _victim_is_served(victim)
+    # deleting what it holds gives the tenant its room back
+    _clear(attacker)
+    _victim_is_served(attacker)
+
+
+def test_an_added_environment_past_the_quota_is_refused(attacker: httpx.Client) -> None:
+    _fill(attacker)
+    code = FLIPPER + "\n# " + "x" * 900_000 + "\n"
+    body = problem(attacker.post("/v1/environments", json={"env_id": "filler", "class_name": "Flipper",
+                                                           "code": code}), 429, "quota-exceeded")
+    assert body["quota"] == "max_tenant_bytes"
+    assert attacker.get("/v1/environments/filler").status_code == 404
+    _clear(attacker)
+
+
+def test_a_diff_of_many_changes_is_summarised_and_others_are_answered(attacker: httpx.Client,
+                                                                       victim: httpx.Client) -> None:
+    assert attacker.post("/v1/environments", json={"env_id": "flipper", "class_name": "Flipper",
+                                                   "code": FLIPPER}).status_code in (200, 201)
+    sid = _session(attacker, env_id="flipper")
+    answers: list[int] = []
+
+    def flip() -> None:
+        for _ in range(3):
+            answers.append(attacker.post(f"/v1/sessions/{sid}/calls", json={"name": "flip"}).status_code)
+
+    thread = threading.Thread(target=flip)
+    thread.start()
+    _victim_is_served(victim)
+    thread.join(60)
+    assert answers == [200, 200, 200]
+    steps = attacker.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
+    assert all(step["ok"] and step["diff"]["truncated"] is True for step in steps)
+    _clear(attacker)
+
+
+def test_a_small_state_with_a_large_view_is_shown_whole_off_the_loop(attacker: httpx.Client,
+                                                                    victim: httpx.Client) -> None:
+    assert attacker.post("/v1/environments", json={"env_id": "shared", "class_name": "Shared",
+                                                   "code": SHARED_KEYS}).status_code in (200, 201)
+    sid = _session(attacker, env_id="shared")
+    views: list[httpx.Response] = []
+
+    def look() -> None:
+        for _ in range(2):
+            views.append(attacker.get(f"/v1/sessions/{sid}/state"))
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    _victim_is_served(victim)
+    thread.join(60)
+    assert [v.status_code for v in views] == [200, 200]
+    index = views[0].json()["state"]["index"]
+    assert len(index) == 300
+    assert all(len(key) > 6000 for key in index)  # every key shows the shared tuple in full
+    _clear(attacker)
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_in_a_body_are_refused_naming_the_field(attacker: httpx.Client, word: str) -> None:
+    before = attacker.get("/v1/sessions").json()["total"]
+    body = problem(attacker.post("/v1/sessions", content='{"env_id": "probe", "init_config": {"limits": [1, ' + word
+                                 + "]}}", headers={"content-type": "application/json"}), 422, "invalid-request")
+    assert body["errors"][0]["field"] == "init_config.limits.1" and word.lstrip("-") in body["detail"]
+    assert attacker.get("/v1/sessions").json()["total"] == before
+    sid = _session(attacker, scenario_id="probe-001")
+    body = problem(attacker.post(f"/v1/sessions/{sid}/calls", content='{"name": "increment", "arguments": {"by": '
+                                 + word + "}}", headers={"content-type": "application/json"}), 422, "invalid-request")
+    assert body["errors"][0]["field"] == "arguments.by"
+    assert attacker.get(f"/v1/sessions/{sid}").json()["steps"] == 0
+    # the words inside strings are text, not numbers
+    _session(attacker, env_id="probe", init_config={"note": f"{word} and NaN"})
+    _clear(attacker)
