@@ -76,6 +76,7 @@ class SessionLimits:
     score_budget: float = 20.0
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
     max_tenant_bytes: int = 1 << 30  # what one tenant's sessions and catalog records may store
+    sandbox_reserve: int = 0  # sandbox workers kept for tenants that hold none (see FairGate)
 
 
 @dataclass
@@ -93,7 +94,10 @@ class Sessions:
         self.offload = offload or Offload()
         self.metrics = metrics or Metrics()
         self.limits = limits or SessionLimits()
-        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share)
+        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share, self.limits.sandbox_reserve)
+        self.metrics.sandbox_bounds.labels("cap").set(self.gate.cap)
+        self.metrics.sandbox_bounds.labels("reserve").set(self.gate.reserve)
+        self.metrics.sandbox_reserved.set_function(lambda: self.gate.reserved_grants)
         self.registry = registry
         self.store = store
         self.pool = pool

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
                                   "sessions' states, initial states and step records, and its added environments "
                                   "and scenarios. A write past it is refused whole (429 quota-exceeded).")
+    sandbox_reserve: int = Field(default=1, ge=0, description="With API keys: sandbox workers kept for tenants "
+                                 "that hold none, so one tenant holding the others cannot make another's first "
+                                 "request wait for its calls to end (always fewer than the workers).")
+    analysis_wait: float = Field(default=60.0, gt=0, description="How long an environment submission waits for "
+                                 "a code-analysis slot (slots go to the tenant holding fewest first).")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
@@ -99,7 +104,7 @@ class Settings(BaseSettings):
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
                              score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share,
-                             max_tenant_bytes=self.max_tenant_bytes)
+                             max_tenant_bytes=self.max_tenant_bytes, sandbox_reserve=self.sandbox_reserve)
 
     def connection_bounds(self) -> ConnectionBounds:
         return ConnectionBounds(max_header_bytes=self.max_header_bytes, header_timeout=self.header_timeout,

@@ -3,8 +3,10 @@ changes nothing, and another tenant's requests (the victim's) are answered meanw
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +14,9 @@ import httpx
 import pytest
 import redis
 
+from service.analysis import Analysis
 from service.auth import new_key
+from service.catalog import CatalogError
 from tests.conftest import Server, start_server
 from tests.service.test_api import problem
 
@@ -56,7 +60,8 @@ def hostile(request: pytest.FixtureRequest, tenants: Tenants,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("hostile")
     (tmp / "keys").write_text(tenants.lines)
-    env = {"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys"), "ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA)}
+    env = {"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys"), "ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA),
+           "ENVFOUNDRY_CALL_TIMEOUT": "4"}
     redis_url = None
     if request.param == "redis":
         redis_url = request.getfixturevalue("redis_url")
@@ -100,9 +105,47 @@ def _victim_is_served(victim: httpx.Client) -> None:
     assert victim.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
+def _sandbox_grants(http: httpx.Client) -> float:
+    """How many requests have been given a sandbox worker (the wait histogram's count)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("envfoundry_sandbox_wait_seconds_count"):
+            return float(line.split()[-1])
+    raise AssertionError("no sandbox wait metric")
+
+
 def _clear(http: httpx.Client) -> None:
     for info in http.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]:
         http.delete(f"/v1/sessions/{info['session_id']}")
+
+
+def test_a_call_is_served_while_another_tenant_holds_every_other_worker(attacker: httpx.Client,
+                                                                        victim: httpx.Client) -> None:
+    spinners = [_session(attacker, scenario_id="probe-001") for _ in range(2)]  # as many as the workers
+    sid = _session(victim, scenario_id="probe-001")
+    finished: list[str] = []
+
+    def spin(session: str) -> None:
+        answer = attacker.post(f"/v1/sessions/{session}/calls", json={"name": "spin"})
+        assert answer.status_code == 200 and answer.json()["error"]["type"] == "timeout"
+        finished.append("attacker")
+
+    granted = _sandbox_grants(victim)
+    threads = [threading.Thread(target=spin, args=(s,)) for s in spinners]
+    for thread in threads:
+        thread.start()
+    while _sandbox_grants(victim) == granted:
+        time.sleep(0.01)  # until a spin holds a worker
+    time.sleep(0.3)  # (and the other has asked for one)
+    answer = victim.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": {"by": 1}})
+    finished.append("victim")
+    assert answer.status_code == 200 and answer.json()["ok"] is True
+    for thread in threads:
+        thread.join(60)
+    assert finished[0] == "victim"  # answered before any of the calls holding the other workers ended
+    metrics = victim.get("/metrics").text
+    assert 'envfoundry_sandbox_tenant_bounds{bound="reserve"} 1.0' in metrics
+    _clear(attacker)
+    _clear(victim)
 
 
 def test_large_arguments_and_results_are_cut_in_the_stored_trajectory(attacker: httpx.Client,
@@ -229,3 +272,29 @@ def test_non_finite_numbers_in_a_body_are_refused_naming_the_field(attacker: htt
     # the words inside strings are text, not numbers
     _session(attacker, env_id="probe", init_config={"note": f"{word} and NaN"})
     _clear(attacker)
+
+
+PLAIN = "class Ok:\n    def go(self) -> int:\n        \"\"\"Go.\"\"\"\n        return 1\n"
+SLOW = "import time\nclass Slow:\n" + "".join(
+    f"    def m{i}(self, a: 'Union[{', '.join(['int', 'str'] * 3000)}]') -> int:\n        \"\"\"M.\"\"\"\n"
+    f"        return 1\n" for i in range(4))
+
+
+@pytest.mark.anyio
+async def test_a_tenants_queue_of_submissions_delays_anothers_by_at_most_one_analysis() -> None:
+    analysis = Analysis(timeout=1.0, concurrent=1)
+    finished: list[str] = []
+
+    async def submit(tenant: str, name: str, code: str, class_name: str) -> None:
+        try:
+            await analysis.environment(env_id=name, class_name=class_name, code=code, summary="", introduction="",
+                                       rules=[], tenant=tenant)
+        except CatalogError:
+            pass  # the hostile ones may pass the time limit; their order is what counts
+        finished.append(name)
+
+    hostile = [asyncio.create_task(submit("attacker", f"slow{i}", SLOW, "Slow")) for i in range(4)]
+    await asyncio.sleep(0.05)
+    victim = asyncio.create_task(submit("victim", "plain", PLAIN, "Ok"))
+    await asyncio.gather(*hostile, victim)
+    assert finished.index("plain") == 1  # right after the one analysis running when it came
