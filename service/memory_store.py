@@ -30,6 +30,7 @@ class MemoryStore:
         self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
         self._live: dict[str, dict[str, float]] = {}  # tenant -> session id -> expires at
         self._bytes: dict[str, dict[str, int]] = {}  # tenant -> session id -> bytes it stores
+        self._session_bytes: dict[str, int] = {}  # tenant -> the sum of its sessions' bytes
         self._record_bytes: dict[str, int] = {}  # tenant -> bytes of its catalog records
         self._last_sweep = 0.0
 
@@ -41,7 +42,7 @@ class MemoryStore:
         if entry is None:
             return None
         if entry.expires_at <= now:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         entry.expires_at = now + self.ttl
         return entry
@@ -50,7 +51,7 @@ class MemoryStore:
         """Drop expired sessions so an idle service does not hold them forever."""
         self._last_sweep = now
         for session_id in [k for k, e in self._sessions.items() if e.expires_at <= now]:
-            del self._sessions[session_id]
+            self._drop(session_id)
         for key in [k for k, (_, expires) in self._requests.items() if expires <= now]:
             del self._requests[key]
 
@@ -65,12 +66,12 @@ class MemoryStore:
         each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
         tenant = metas[0].tenant
         self._reserve(tenant, each * len(metas), quota)
-        counted = self._bytes.setdefault(tenant, {})
         for meta in metas:
+            self._drop(meta.session_id)  # (a create never extends what an old session left)
             self._sessions[meta.session_id] = _Entry(
                 replace(meta), state, initial, list(trajectory), time.time() + self.ttl
             )
-            counted[meta.session_id] = each
+            self._count(tenant, meta.session_id, each)
 
     def _reserve(self, tenant: str, needed: int, quota: int | None) -> None:
         """Raises BytesQuota when ``needed`` more bytes would take ``tenant`` past ``quota``."""
@@ -81,11 +82,24 @@ class MemoryStore:
             raise BytesQuota(used, needed, quota)
 
     def _used(self, tenant: str) -> int:
-        now = time.time()
-        counted = self._bytes.get(tenant, {})
-        for sid in [s for s in counted if (e := self._sessions.get(s)) is None or e.expires_at <= now]:
-            del counted[sid]  # expired or deleted: its bytes are gone
-        return sum(counted.values()) + self._record_bytes.get(tenant, 0)
+        return self._session_bytes.get(tenant, 0) + self._record_bytes.get(tenant, 0)
+
+    def _count(self, tenant: str, session_id: str, grown: int) -> None:
+        counted = self._bytes.setdefault(tenant, {})
+        counted[session_id] = counted.get(session_id, 0) + grown
+        self._session_bytes[tenant] = self._session_bytes.get(tenant, 0) + grown
+
+    def _uncount(self, tenant: str, session_id: str) -> None:
+        held = self._bytes.get(tenant, {}).pop(session_id, None)
+        if held is not None:
+            self._session_bytes[tenant] -= held
+
+    def _drop(self, session_id: str) -> _Entry | None:
+        """Remove a session (expired or deleted); its bytes are gone with it."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            self._uncount(entry.meta.tenant, session_id)
+        return entry
 
     async def usage(self, tenant: str) -> int:
         return self._used(tenant)
@@ -129,8 +143,7 @@ class MemoryStore:
         if tenant is not None:
             grown = stored_bytes(record) + (0 if state is None else stored_bytes(state) - stored_bytes(entry.state))
             self._reserve(tenant, grown, quota)
-            counted = self._bytes.setdefault(tenant, {})
-            counted[session_id] = counted.get(session_id, 0) + grown
+            self._count(tenant, session_id, grown)
         if state is not None:
             entry.state = state
         entry.trajectory.append(record)
@@ -167,7 +180,7 @@ class MemoryStore:
         self._requests.pop(key, None)
 
     async def delete(self, session_id: str) -> bool:
-        return self._entry(session_id) is not None and self._sessions.pop(session_id, None) is not None
+        return self._entry(session_id) is not None and self._drop(session_id) is not None
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
@@ -192,6 +205,10 @@ class MemoryStore:
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = time.time()
         live = {k: v for k, v in self._live.get(tenant, {}).items() if v > now}
+        for gone in self._live.get(tenant, {}).keys() - live.keys():
+            entry = self._sessions.get(gone)
+            if entry is not None and entry.expires_at <= now:
+                self._drop(gone)  # an expired session gives its bytes back
         if len(live) + len(session_ids) > limit:
             self._live[tenant] = live
             return len(live)
@@ -207,7 +224,7 @@ class MemoryStore:
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         for sid in session_ids:
             self._live.get(tenant, {}).pop(sid, None)
-            self._bytes.get(tenant, {}).pop(sid, None)
+            self._uncount(tenant, sid)
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
                          limit: int | None = None, quota: int | None = None) -> str | None:

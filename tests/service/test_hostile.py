@@ -179,6 +179,15 @@ def test_a_fork_past_the_tenants_byte_quota_is_refused_whole(attacker: httpx.Cli
     _clear(attacker)
 
 
+def test_a_group_past_the_quota_is_refused_whole(attacker: httpx.Client, victim: httpx.Client) -> None:
+    before = attacker.get("/v1/sessions").json()["total"]
+    body = problem(attacker.post("/v1/sessions", json={"env_id": "probe", "init_config": {"note": "g" * 500_000},
+                                                       "n": 64}), 429, "quota-exceeded")
+    assert body["quota"] == "max_tenant_bytes" and body["needed"] > QUOTA
+    assert attacker.get("/v1/sessions").json()["total"] == before
+    _victim_is_served(victim)
+
+
 def _fill(attacker: httpx.Client) -> tuple[str, httpx.Response]:
     """Sessions of about 900 KB each until the quota refuses a step: that session and the answer."""
     for i in range(20):
