@@ -718,7 +718,10 @@ export interface components {
         };
         /** Step */
         Step: {
-            /** Arguments */
+            /**
+             * Arguments
+             * @description As sent; {"$truncated": "size", "bytes": n} when the record passed max_record_bytes with its diff summarised.
+             */
             arguments: unknown;
             diff: components["schemas"]["StateDiff"];
             error?: components["schemas"]["CallError"] | null;
@@ -733,7 +736,10 @@ export interface components {
             observation: string;
             /** Ok */
             ok: boolean;
-            /** Result */
+            /**
+             * Result
+             * @description As answered; {"$truncated": "size", "bytes": n} as for arguments.
+             */
             result?: unknown;
             /** Step */
             step: number;
