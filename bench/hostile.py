@@ -8,8 +8,8 @@ CPU 1) measures /healthz. The table gives /healthz p50/p99 per attack and the ra
 p99, how each attack was answered, the slowest answer to another tenant's request made during
 it (the victim; '-' where the attack has none), and the server's resident memory after it.
 ``--root`` serves another checkout's code (e.g. the main branch, for figures before a change);
-``--redis`` uses a Redis store (a fresh key prefix, removed after). Loopback only; bounded by
---seconds per phase.
+``--redis`` uses a Redis store (a fresh key prefix, removed after). The attacking tenant may store
+64 MiB (ENVFOUNDRY_MAX_TENANT_BYTES). Loopback only; bounded by --seconds per phase.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ FLIPPER = ("class Flipper:\n    def __init__(self):\n        self.cells = [[] fo
 SHARED = ("class Shared:\n    def __init__(self):\n        shared = tuple(range(6000))\n"
           "        self.index = {(i, shared): i for i in range(560)}\n\n"
           "    def size(self) -> int:\n        \"\"\"Count.\"\"\"\n        return len(self.index)\n")
+HOARD = ("class Hoard:\n    def __init__(self):\n        self.blobs = []\n\n"
+         "    def hoard(self, megabytes: int) -> int:\n        \"\"\"Keep a blob.\"\"\"\n"
+         "        self.blobs.append('x' * (megabytes << 20))\n        return len(self.blobs)\n")
 PLAIN = "class Plain:\n    def go(self) -> int:\n        \"\"\"Go.\"\"\"\n        return 1\n"
 
 
@@ -98,8 +101,9 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
     sleepy_sid = http.post("/v1/sessions", json={"scenario_id": sleepy.json()["scenario_id"]}).json()["session_id"]
     checklist = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 2_000_000})
     counter = iter(range(10**9))
-    heavy = http.post("/v1/sessions", json={"scenario_id": "probe-001"}).json()["session_id"]
-    http.post(f"/v1/sessions/{heavy}/calls", json={"name": "tag", "arguments": {"tag": "h" * 900_000}})
+    http.post("/v1/environments", json={"env_id": "hoard", "class_name": "Hoard", "code": HOARD})
+    heavy = http.post("/v1/sessions", json={"env_id": "hoard"}).json()["session_id"]
+    http.post(f"/v1/sessions/{heavy}/calls", json={"name": "hoard", "arguments": {"megabytes": 4}})
     http.post("/v1/environments", json={"env_id": "flipper", "class_name": "Flipper", "code": FLIPPER})
     flipper = http.post("/v1/sessions", json={"env_id": "flipper"}).json()["session_id"]
     http.post("/v1/environments", json={"env_id": "shared", "class_name": "Shared", "code": SHARED})
@@ -118,8 +122,8 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
         http.delete(f"/v1/sessions/{sid}")
         return status
 
-    def fork_64() -> int:
-        answer = http.post(f"/v1/sessions/{heavy}/fork", json={"n": 64})
+    def fork_32() -> int:
+        answer = http.post(f"/v1/sessions/{heavy}/fork", json={"n": 32})
         for sid in answer.json().get("session_ids", []) if answer.status_code == 201 else []:
             http.delete(f"/v1/sessions/{sid}")
         return answer.status_code
@@ -172,7 +176,7 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
         "GET /state, 1M-item set": Attack(lambda: http.get(f"/v1/sessions/{big}/state").status_code),
         "score, 14 sleeping checks": Attack(lambda: http.post(f"/v1/sessions/{sleepy_sid}/score").status_code),
         "call with a 900 KB argument": Attack(big_argument, victim=victim_call),
-        "fork n=64 of a 0.9 MB session": Attack(fork_64, victim=victim_call),
+        "fork n=32 of a 4 MB session": Attack(fork_32, victim=victim_call),
         "3000 idle connections": Attack(idle_socket, victim=victim_listing, cleanup=drop_sockets),
         "8 unfinished 48 MiB heads": Attack(big_head, threads=8, victim=victim_listing),
         "4x GET /state, 560 shared keys": Attack(lambda: http.get(f"/v1/sessions/{shared}/state").status_code,
@@ -203,6 +207,7 @@ def main() -> int:
     port = 18000 + os.getpid() % 1000
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVFOUNDRY_") and k != "REDIS_URL"}
     env["ENVFOUNDRY_MAX_ENVIRONMENTS"] = "100000"
+    env["ENVFOUNDRY_MAX_TENANT_BYTES"] = str(64 << 20)  # a fork of 32 copies of 4 MB passes it
     attacker_key, attacker_line = new_key("attacker", ["run", "admin"])
     victim_key, victim_line = new_key("victim", ["run", "admin"])
     env["ENVFOUNDRY_API_KEYS"] = f"{attacker_line};{victim_line}"

@@ -21,7 +21,7 @@ The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``.
 from __future__ import annotations
 
 import asyncio
-import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,23 +53,32 @@ def bounded_protocol(bounds: ConnectionBounds) -> type[HttpToolsProtocol]:
         pass
 
     Bounded.bounds = bounds
+    Bounded.waiting = OrderedDict()  # this server's own: the connections waiting for a head, oldest first
     return Bounded
 
 
 class _Bounded(HttpToolsProtocol):
     bounds: ConnectionBounds = ConnectionBounds()
+    waiting: OrderedDict[_Bounded, None] = OrderedDict()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._waiting_since: float | None = None  # waiting for (the head of) a request since
         self._head_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
 
     # -- phases: waiting for a head, reading a body, answering ---------------------------------
+    @property
+    def _in_head(self) -> bool:
+        return self in self.waiting
+
     def _wait_for_head(self) -> None:
-        self._waiting_since = time.monotonic()
+        self.waiting[self] = None
+        self.waiting.move_to_end(self)
         self._head_bytes = 0
         self._arm(self.bounds.header_timeout)
+
+    def _got_head(self) -> None:
+        self.waiting.pop(self, None)
 
     def _arm(self, seconds: float | None) -> None:
         if self._timer is not None:
@@ -88,29 +97,33 @@ class _Bounded(HttpToolsProtocol):
             self._make_room()
 
     def _make_room(self) -> None:
-        waiting = [c for c in self.connections if isinstance(c, _Bounded) and c is not self
-                   and c._waiting_since is not None and not c.transport.is_closing()]
-        if not waiting:
-            self.transport.close()
+        """Close the connection waiting longest for a head (in constant time: a flood of new connections
+        must not cost a walk over every open one), or this one if every other is answering."""
+        for oldest in self.waiting:
+            if oldest is self:
+                break
+            oldest._got_head()
+            oldest.transport.close()
             return
-        min(waiting, key=lambda c: c._waiting_since or 0.0).transport.close()
+        self._got_head()
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._arm(None)
-        self._waiting_since = None
+        self._got_head()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        waiting = self._waiting_since is not None
+        waiting = self._in_head
         super().data_received(data)
-        if waiting and self._waiting_since is not None:  # still in the head after this chunk
+        if waiting and self._in_head:  # still in the head after this chunk
             self._head_bytes += len(data)
             if self._head_bytes > self.bounds.max_header_bytes and not self.transport.is_closing():
                 self.transport.write(_head_problem(self.bounds.max_header_bytes))
                 self.transport.close()
 
     def on_headers_complete(self) -> None:
-        self._waiting_since = None
+        self._got_head()
         self._arm(self.bounds.body_timeout)
         super().on_headers_complete()
 
