@@ -87,6 +87,14 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class _Found(Exception):
+    pass
+
+
+def _refuse(word: str) -> None:
+    raise _Found(word)
+
+
 class _NonFinite:
     def __init__(self, word: str) -> None:
         self.word = word
@@ -97,6 +105,9 @@ def _non_finite(body: bytes) -> tuple[str, str] | None:
     if b"NaN" not in body and b"Infinity" not in body:
         return None  # (the common case: a search at C speed)
     try:
+        json.loads(body, parse_constant=_refuse)  # the words may be inside strings: walk only if one is a number
+        return None
+    except _Found:
         value = json.loads(body, parse_constant=_NonFinite)
     except (ValueError, RecursionError):
         return None  # not JSON: the route's own parser names that
