@@ -7,17 +7,16 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from service.analysis import Analysis
 from service.auth import new_key
 from service.catalog import CatalogError
-from tests.conftest import Server, start_server
+from tests.conftest import Server, drop_keys, start_server
 from tests.service.test_api import problem
 
 QUOTA = 8 << 20
@@ -70,10 +69,7 @@ def hostile(request: pytest.FixtureRequest, tenants: Tenants,
     yield server
     server.stop()
     if redis_url:
-        raw = redis.Redis.from_url(redis_url)
-        leftovers = list(raw.scan_iter(match=f"{env['ENVFOUNDRY_KEY_PREFIX']}:*", count=1000))
-        if leftovers:
-            raw.delete(*leftovers)
+        drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
 
 
 def _client(server: Server, key: str) -> httpx.Client:
@@ -103,6 +99,16 @@ def _victim_is_served(victim: httpx.Client) -> None:
     answer = victim.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": {"by": 2}})
     assert answer.status_code == 200 and answer.json()["ok"] is True
     assert victim.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def _meanwhile(victim: httpx.Client, attack: Callable[[], httpx.Response], times: int) -> list[httpx.Response]:
+    """The answers to ``times`` hostile requests sent one after another while the victim is served."""
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.extend(attack() for _ in range(times)))
+    thread.start()
+    _victim_is_served(victim)
+    thread.join(60)
+    return answers
 
 
 def _sandbox_grants(http: httpx.Client) -> float:
@@ -228,17 +234,8 @@ def test_a_diff_of_many_changes_is_summarised_and_others_are_answered(attacker: 
     assert attacker.post("/v1/environments", json={"env_id": "flipper", "class_name": "Flipper",
                                                    "code": FLIPPER}).status_code in (200, 201)
     sid = _session(attacker, env_id="flipper")
-    answers: list[int] = []
-
-    def flip() -> None:
-        for _ in range(3):
-            answers.append(attacker.post(f"/v1/sessions/{sid}/calls", json={"name": "flip"}).status_code)
-
-    thread = threading.Thread(target=flip)
-    thread.start()
-    _victim_is_served(victim)
-    thread.join(60)
-    assert answers == [200, 200, 200]
+    answers = _meanwhile(victim, lambda: attacker.post(f"/v1/sessions/{sid}/calls", json={"name": "flip"}), 3)
+    assert [a.status_code for a in answers] == [200, 200, 200]
     steps = attacker.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
     assert all(step["ok"] and step["diff"]["truncated"] is True for step in steps)
     _clear(attacker)
@@ -249,16 +246,7 @@ def test_a_small_state_with_a_large_view_is_shown_whole_off_the_loop(attacker: h
     assert attacker.post("/v1/environments", json={"env_id": "shared", "class_name": "Shared",
                                                    "code": SHARED_KEYS}).status_code in (200, 201)
     sid = _session(attacker, env_id="shared")
-    views: list[httpx.Response] = []
-
-    def look() -> None:
-        for _ in range(2):
-            views.append(attacker.get(f"/v1/sessions/{sid}/state"))
-
-    thread = threading.Thread(target=look)
-    thread.start()
-    _victim_is_served(victim)
-    thread.join(60)
+    views = _meanwhile(victim, lambda: attacker.get(f"/v1/sessions/{sid}/state"), 2)
     assert [v.status_code for v in views] == [200, 200]
     index = views[0].json()["state"]["index"]
     assert len(index) == 300
