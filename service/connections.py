@@ -133,6 +133,12 @@ class _Bounded(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        answering = self.cycle is not None and not self.cycle.response_complete  # a pipelined request
+        if not self.transport.is_closing() and not answering:
             # uvicorn's keep-alive timer closes an idle connection; ours bounds a slow next head
             self._wait_for_head()
+
+    def handle_websocket_upgrade(self) -> None:
+        self._arm(None)  # the connection is the WebSocket protocol's from here on
+        self._got_head()
+        super().handle_websocket_upgrade()

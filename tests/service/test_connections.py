@@ -96,3 +96,14 @@ def test_documented_defaults_hold_on_a_bare_serve(tmp_path: Path) -> None:
             assert _closed_by_server(sock).startswith(b"HTTP/1.1 431 ")
     finally:
         server.stop()
+
+
+def test_pipelined_requests_are_all_answered(bounded: Server) -> None:
+    with _open(bounded) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" * 3)
+        received = b""
+        while received.count(b'{"status":"ok"}') < 3:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.count(b"HTTP/1.1 200 ") == 3
