@@ -67,6 +67,7 @@ class Limits:
     output_bytes: int = 1 << 20
     result_bytes: int = 1 << 20
     state_bytes: int = 16 << 20
+    diff_bytes: int = 256 * 1024  # a larger diff is summarised (the trajectory record's bound)
     residents: int = 32  # live sessions each worker keeps at most (see sandbox.runtime)
     resident_memory_mb: int = 512  # memory a worker's live sessions may hold, measured
     resident_idle: float = 600.0  # seconds an unused live session keeps its process
@@ -540,7 +541,8 @@ class WorkerPool:
                     session: tuple[str, int, int | None] | None) -> CallOutcome:
         message: dict[str, Any] = {
             "op": "call", "env": env.key, "name": name, "arguments": arguments, "timeout": self.limits.call_timeout,
-            "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes}
+            "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes,
+            "max_diff_bytes": self.limits.diff_bytes}
         if state is not None:
             message["state"] = state
         prefer = None
@@ -565,12 +567,14 @@ class WorkerPool:
         problem = None
         if answer.get("ok") is not True or not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
             problem = "an answer of the wrong shape"
-        elif not protocol.depth_within(result) or not protocol.depth_within(diff):
-            problem = f"a result nested deeper than {protocol.MAX_DEPTH} levels"
-        elif (size := len(json.dumps(result, ensure_ascii=False).encode())) > self.limits.result_bytes:
-            problem = f"a result of {size} bytes, over the {self.limits.result_bytes} byte limit"
-        elif new_state is not None:
-            problem = _state_problem(new_state, self.limits.state_bytes)
+        else:
+            diff = _unwalked_if_over(diff, self.limits.diff_bytes)
+            if not protocol.depth_within(result) or not protocol.depth_within(diff):
+                problem = f"a result nested deeper than {protocol.MAX_DEPTH} levels"
+            elif (size := len(json.dumps(result, ensure_ascii=False).encode())) > self.limits.result_bytes:
+                problem = f"a result of {size} bytes, over the {self.limits.result_bytes} byte limit"
+            elif new_state is not None:
+                problem = _state_problem(new_state, self.limits.state_bytes)
         if problem:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": f"the call process sent {problem}"},
                                None, _no_diff())
@@ -613,6 +617,16 @@ def _state_problem(text: str, limit: int) -> str | None:
 
 def _is_diff(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(value.get(k), list) for k in ("added", "removed", "changed"))
+
+
+def _unwalked_if_over(diff: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The diff's summary when it has more entries than ``limit`` bytes could hold (each takes more
+    than 8), found without walking it: the worker summarises a large diff itself, so only one that
+    did not (an older worker) gets here, and walking it on the event loop would stall every client."""
+    entries = sum(len(diff[k]) for k in ("added", "removed", "changed"))
+    if entries <= limit // 8:
+        return diff
+    return {**_no_diff(), "truncated": True}
 
 
 def _no_diff() -> dict[str, list[dict[str, Any]]]:

@@ -208,11 +208,13 @@ class Runtime:
                 failure = answer.get("error")
                 if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
                     return {"id": request.get("id"), "error": answer["error"]}
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)), request.get("known"))
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)),
+                                    int(request.get("max_diff_bytes", 0)), request.get("known"))
             elif op in ("init", "call"):
                 host = self._host(request["env"])
                 answer = self._run(self._template(host, request) or host, request, _answer_cap(request))
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)), request.get("known"))
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)),
+                                    int(request.get("max_diff_bytes", 0)), request.get("known"))
             elif op == "score":
                 response = self._score(request)
             else:
@@ -793,7 +795,8 @@ def _processes() -> list[tuple[int, int]]:
     return found
 
 
-def _checked(op: str, answer: dict[str, Any], max_result: int, known: Any = None) -> dict[str, Any]:
+def _checked(op: str, answer: dict[str, Any], max_result: int, max_diff: int = 0,
+             known: Any = None) -> dict[str, Any]:
     """What the service may see of a fork's answer: only the fields of ``op``, of the right types.
 
     The answer was written by a process that ran environment code, so it may be forged: a field
@@ -829,7 +832,18 @@ def _checked(op: str, answer: dict[str, Any], max_result: int, known: Any = None
     if size > max_result:
         return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
                                               f"{max_result} byte limit")}
-    return {"ok": True, "result": result, "error": None, "state": state, "diff": diff}
+    return {"ok": True, "result": result, "error": None, "state": state, "diff": _bounded_diff(diff, max_diff)}
+
+
+def _bounded_diff(diff: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The diff, or its summary when its JSON passes ``limit`` bytes (0: no limit): the service would
+    only cut it on its event loop, after decoding and walking it there."""
+    if not limit or not any(diff.get(k) for k in ("added", "removed", "changed")):
+        return diff
+    size = len(json.dumps(diff, ensure_ascii=False))
+    if size <= limit:
+        return diff
+    return {"added": [], "removed": [], "changed": [], "truncated": True, "bytes": size}
 
 
 def _readable(state: Any) -> bool:

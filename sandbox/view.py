@@ -6,6 +6,10 @@ A view is a tree: an object met again is shown as ``{"$ref": pointer}``, a JSON 
 with ``$`` is shown with one more ``$`` in front, so every key starting with a single ``$`` is the
 view's; containers nested deeper than ``MAX_DEPTH``, or met after ``MAX_VIEW_NODES`` containers,
 are shown as ``{"$truncated": "depth"}`` or ``{"$truncated": "size"}``. Standard library only.
+
+One budget bounds the whole view: a container costs one, and what a dict key or a set member's
+sort key shows (each is shown on its own, so an object shared by many keys is shown in full under
+every one of them) costs its items and long strings, every time, against the same budget.
 """
 
 from __future__ import annotations
@@ -34,10 +38,23 @@ from sandbox.stateformat import (
 
 
 class _Budget:
-    """Containers a view may still show, shared by a view and the sub-views it builds."""
+    """What a view may still show, shared by a view and the sub-views it builds (a sub-view, for a
+    key, has a smaller budget of its own and spends its parent's too)."""
 
-    def __init__(self, left: int | None = None) -> None:
+    def __init__(self, left: int | None = None, parent: _Budget | None = None) -> None:
         self.left = MAX_VIEW_NODES if left is None else left
+        self.parent = parent
+
+    def take(self, cost: int) -> bool:
+        """Spend ``cost``; False once this budget or a parent's has run out."""
+        self.left -= cost
+        if self.parent is not None and not self.parent.take(cost):
+            return False
+        return self.left >= 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left < 0
 
 
 class _Viewer:
@@ -63,10 +80,14 @@ class _Viewer:
         marker shown instead. Keys count items too: a key is cut rather than walk a large graph."""
         if depth >= MAX_DEPTH:
             return {TRUNCATED: "depth"}
-        self.budget.left -= 1 + width if self.keying else 1
-        if self.budget.left < 0:
+        if not self.budget.take(1 + width if self.keying else 1):
             return {TRUNCATED: "size"}
         return None
+
+    def spend_text(self, text: str) -> None:
+        """A long string shown inside a key costs by its length (a key may show it many times)."""
+        if self.keying and len(text) > 64:
+            self.budget.take(len(text) >> 6)
 
     def sub(self, budget: _Budget) -> _Viewer:
         """A viewer of the same kind that shows keys."""
@@ -75,7 +96,7 @@ class _Viewer:
     def alone(self, value: Any, nodes: int) -> Any:
         """``value`` shown on its own (a dict key, a set member's sort key) within ``nodes``
         containers. Keys inside keys share one viewer, so a cycle through them ends."""
-        viewer = self if self.keying else self.sub(_Budget(nodes))
+        viewer = self if self.keying else self.sub(_Budget(nodes, self.budget))
         return viewer.show(value, None, 0)
 
     def field(self, out: dict[str, Any], key: Any, value: Any, where: Where, depth: int) -> None:
@@ -104,7 +125,11 @@ class ValueViewer(_Viewer):
 
     def show(self, value: Any, where: Where, depth: int) -> Any:
         kind = type(value)
-        if kind is str or value is None or kind is bool:
+        if kind is str:
+            if self.keying:
+                self.spend_text(value)
+            return value
+        if value is None or kind is bool:
             return value
         if isinstance(value, enum.Enum):
             return _rebase(view(value.value), where)  # as stored: shown on its own, like the encoder
@@ -220,6 +245,8 @@ class _EncodedViewer(_Viewer):
             if marked is not None:
                 return marked
             return [self.show(v, (where, i), depth + 1) for i, v in enumerate(value)]
+        if kind is str and self.keying:
+            self.spend_text(value)
         return value
 
     def tagged(self, tag: Any, value: dict[str, Any], where: Where, depth: int) -> Any:
@@ -300,6 +327,17 @@ def view_encoded(value: Any, *, strict: bool = False) -> Any:
     safe in the service. ``strict``: raise InvalidEncoding on a value the codec never writes,
     instead of showing it as ``{"$truncated": "invalid"}`` (for checking what a sandbox sends)."""
     return _EncodedViewer(_Definitions(value), strict=strict).show(value, None, 0)
+
+
+def view_encoded_within(value: Any, budget: int) -> Any:
+    """``view_encoded`` if it fits in ``budget`` (containers, and what keys show), else ``OVER``:
+    the caller builds it elsewhere with the full budget (see ``service/offload.py``)."""
+    spent = _Budget(budget)
+    shown = _EncodedViewer(_Definitions(value), spent).show(value, None, 0)
+    return OVER if spent.exhausted else shown
+
+
+OVER = object()
 
 
 def view_encoded_at(value: Any, depth: int) -> Any:

@@ -5,7 +5,8 @@ but a hostile submission (a 12,000-way ``Union``, a pathological docstring, an
 enormous syntax tree) can still take seconds and gigabytes. The API process
 hands the code to ``python -m service.analysis`` and waits without blocking its
 event loop; the child is killed at the time limit and capped in memory, and only
-a few run at once.
+a few run at once. Slots go to the waiting tenant that holds fewest (``FairGate``), so one
+tenant's queue of submissions makes another's wait for at most one analysis.
 
 The child reads ``{"class_name", "code"}`` as JSON on stdin and writes
 ``{"tools": [...]}`` or ``{"error": {"reason", "message"}}``.
@@ -17,9 +18,14 @@ import asyncio
 import json
 import resource
 import sys
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from service.catalog import CatalogError, Environment, build_environment
+from service.fairness import FairGate, NoSlot
+
+if TYPE_CHECKING:  # the child runs without site-packages (-S): the service's own imports stay out of it
+    from service.observability import Metrics
 
 TIMEOUT = 10.0
 MEMORY_BYTES = 1 << 30
@@ -30,15 +36,27 @@ MAX_TOOLS_BYTES = 1 << 20
 
 
 class Analysis:
-    def __init__(self, timeout: float = TIMEOUT, concurrent: int = CONCURRENT) -> None:
+    def __init__(self, timeout: float = TIMEOUT, concurrent: int = CONCURRENT, wait: float = 60.0,
+                 metrics: Metrics | None = None) -> None:
         self.timeout = timeout
-        self._slots = asyncio.Semaphore(concurrent)
+        self.wait = wait
+        self.metrics = metrics
+        self._slots = FairGate(concurrent)
 
     async def environment(self, *, env_id: str, class_name: str, code: str, summary: str, introduction: str,
-                          rules: list[str]) -> Environment:
-        """Raises CatalogError naming the reason (syntax, missing class, a bound)."""
-        async with self._slots:
-            tools = await self._tools(class_name, code)
+                          rules: list[str], tenant: str = "") -> Environment:
+        """Raises CatalogError naming the reason (syntax, missing class, a bound); Unavailable when no
+        analysis slot came free within the wait."""
+        started = time.perf_counter()
+        try:
+            async with self._slots.slot(tenant, self.wait):
+                if self.metrics is not None:
+                    self.metrics.analysis_wait.observe(time.perf_counter() - started)
+                tools = await self._tools(class_name, code)
+        except NoSlot:
+            from service.problems import Unavailable
+
+            raise Unavailable(f"no code-analysis slot came free within {self.wait:g} s; retry") from None
         if len(tools) > MAX_TOOLS:
             raise CatalogError(f"the class has {len(tools)} public methods; at most {MAX_TOOLS} tools",
                                field="code", reason="max_tools")

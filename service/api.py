@@ -126,7 +126,7 @@ async def create_environment(body: schemas.EnvironmentCreate, request: Request, 
         # Static analysis of up to 1 MiB of code, in a bounded child process.
         env = await request.app.state.analysis.environment(
             env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
-            introduction=body.introduction, rules=body.rules)
+            introduction=body.introduction, rules=body.rules, tenant=who.tenant)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
     return _env_detail(await reg.add_environment(env, who.tenant))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -19,7 +20,7 @@ from service.fastpath import FastCalls
 from service.limits import BodyLimit
 from service.observability import Metrics, RequestLog
 from service.registry import Registry
-from service.sessions import Sessions
+from service.sessions import SessionLimits, Sessions
 from service.settings import Settings
 from service.store import SessionStore
 from service.user_llm import UserSimulator
@@ -78,6 +79,12 @@ def make_user(settings: Settings) -> UserSimulator | None:
                          timeout=settings.user_llm_timeout, temperature=settings.user_llm_temperature)
 
 
+def _session_limits(settings: Settings, keys: KeyRing) -> SessionLimits:
+    """Without API keys every request is one tenant's: a reserve for others would only idle."""
+    limits = settings.session_limits()
+    return limits if keys.enabled else replace(limits, sandbox_reserve=0)
+
+
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     """The app; ``catalog`` is loaded from ``settings`` at start-up unless given."""
     settings = settings or Settings()
@@ -92,16 +99,16 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         pool = make_pool(settings)
         await pool.start()
         registry = Registry(loaded, store, pool, max_environments=settings.max_environments,
-                            max_scenarios=settings.max_scenarios)
+                            max_scenarios=settings.max_scenarios, max_tenant_bytes=settings.max_tenant_bytes)
         user = make_user(settings)
         app.state.settings = settings
         app.state.keys = keys
-        app.state.analysis = Analysis()
+        app.state.analysis = Analysis(wait=settings.analysis_wait, metrics=metrics)
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry
         app.state.sessions = Sessions(registry, store, pool, settings.lock_wait, user,
-                                      limits=settings.session_limits(), metrics=metrics)
+                                      limits=_session_limits(settings, keys), metrics=metrics)
         log.info("serving %d environments, %d scenarios; store=%s; sandbox=%s x%d",
                  len(loaded.environments), len(loaded.scenarios), "redis" if settings.redis_url else "memory",
                  settings.sandbox, settings.workers)

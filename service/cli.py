@@ -28,6 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app, load_catalog
     from service.auth import KeyFileError, KeyRing
+    from service.connections import bounded_protocol
     from service.observability import configure_logging
 
     settings = _settings(args)
@@ -50,7 +51,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     print(f"console: http://{settings.host}:{settings.port}/ui/", flush=True)
     uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info",
-                log_config=log_config, access_log=False)
+                log_config=log_config, access_log=False, http=bounded_protocol(settings.connection_bounds()),
+                timeout_keep_alive=settings.keep_alive_timeout)
     return 0
 
 

@@ -2,10 +2,16 @@
 
 The gate admits as many sandbox requests at once as there are workers. When a
 worker frees up and several tenants are waiting, the tenant that holds the
-fewest workers goes first (first come, first served within a tenant). So one
+fewest workers goes first, and of those the one served longest ago (first come,
+first served within a tenant). So one
 tenant with a thousand queued rollouts cannot starve another tenant's single
 call, and a tenant alone still gets every worker. A share below 1 also caps
 what one tenant may hold even when nobody else is waiting.
+
+Order alone does not bound a newcomer's wait: a tenant that holds every worker gives one back only
+when a call of its own ends (up to the call timeout, or a score's budget). ``reserve`` workers are
+therefore kept for tenants that hold none: a tenant already holding one may take a free worker only
+while more than ``reserve`` are free, so another tenant's first request finds one at once.
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ class NoSlot(Exception):
 
 
 class FairGate:
-    def __init__(self, capacity: int, share: float = 1.0) -> None:
+    def __init__(self, capacity: int, share: float = 1.0, reserve: int = 0) -> None:
         self.capacity = capacity
         self.cap = capacity if share >= 1.0 else max(1, int(capacity * share))
+        self.reserve = max(0, min(reserve, capacity - 1))
+        self.reserved_grants = 0  # slots taken from the reserve by a tenant holding none
+        self._grants = 0
+        self._last_grant: dict[str, int] = {}  # tenant -> when (in grants) it was last given a slot
         self.held: dict[str, int] = {}
         self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
 
@@ -64,23 +74,32 @@ class FairGate:
             raise
 
     def _may_take(self, tenant: str) -> bool:
-        return self.in_use < self.capacity and self.held.get(tenant, 0) < self.cap
+        held = self.held.get(tenant, 0)
+        free = self.capacity - self.in_use
+        return free > 0 and held < self.cap and (held == 0 or free > self.reserve)
 
     def _take(self, tenant: str) -> None:
-        self.held[tenant] = self.held.get(tenant, 0) + 1
+        held = self.held.get(tenant, 0)
+        if held == 0 and self.capacity - self.in_use <= self.reserve:
+            self.reserved_grants += 1
+        self.held[tenant] = held + 1
+        self._grants += 1
+        self._last_grant[tenant] = self._grants
 
     def _release(self, tenant: str) -> None:
         self.held[tenant] -= 1
         if not self.held[tenant]:
             del self.held[tenant]
+            if tenant not in self.waiting:
+                self._last_grant.pop(tenant, None)  # (only tenants holding or waiting are remembered)
         self._dispatch()
 
     def _dispatch(self) -> None:
         while self.in_use < self.capacity:
-            eligible = [t for t in self.waiting if self.held.get(t, 0) < self.cap]
+            eligible = [t for t in self.waiting if self._may_take(t)]
             if not eligible:
                 return
-            tenant = min(eligible, key=lambda t: self.held.get(t, 0))
+            tenant = min(eligible, key=lambda t: (self.held.get(t, 0), self._last_grant.get(t, 0)))
             queue = self.waiting[tenant]
             granted = queue.popleft()
             if not queue:

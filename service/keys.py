@@ -44,10 +44,25 @@ class Keys:
 
     def live_sessions(self, tenant: str) -> str:
         """A tenant's sessions (sorted set, scored by when each expires unless used again)."""
-        return f"{self.prefix}:tenant:{{{tenant}}}:sessions"
+        return f"{self.prefix}:tenant:{_tag(tenant)}:sessions"
+
+    def session_bytes(self, tenant: str) -> str:
+        """Bytes each of a tenant's sessions stores, and their sum under ``#total`` (hash; on the
+        slot of ``live_sessions``, and expiring with it)."""
+        return f"{self.prefix}:tenant:{_tag(tenant)}:session-bytes"
+
+    def record_bytes(self, tenant: str) -> str:
+        """Bytes of a tenant's catalog records (a counter that does not expire)."""
+        return f"{self.prefix}:tenant:{_tag(tenant)}:record-bytes"
 
     def records(self, kind: str, tenant: str = "") -> str:
         """A tenant's catalog records of ``kind`` ('environments' or 'scenarios'), one hash."""
         if kind not in ("environments", "scenarios"):
             raise ValueError(f"unknown record kind {kind!r}")
         return f"{self.prefix}:catalog:{tenant + ':' if tenant else ''}{kind}"
+
+
+def _tag(tenant: str) -> str:
+    """A tenant's hash tag, so a cluster keeps its counts on one slot. The tenant of a service without
+    keys is '': an empty tag would not count as one, so it is a space (no tenant name holds one)."""
+    return "{" + (tenant or " ") + "}"

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
-from service.store import Held, LockTimeout, RecordLimit, SessionMeta, Snapshot
+from service.store import BytesQuota, Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, stored_bytes
 
 
 @dataclass
@@ -29,6 +29,9 @@ class MemoryStore:
         self._records: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, kind) -> key -> value
         self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
         self._live: dict[str, dict[str, float]] = {}  # tenant -> session id -> expires at
+        self._bytes: dict[str, dict[str, int]] = {}  # tenant -> session id -> bytes it stores
+        self._session_bytes: dict[str, int] = {}  # tenant -> the sum of its sessions' bytes
+        self._record_bytes: dict[str, int] = {}  # tenant -> bytes of its catalog records
         self._last_sweep = 0.0
 
     def _entry(self, session_id: str) -> _Entry | None:
@@ -39,7 +42,7 @@ class MemoryStore:
         if entry is None:
             return None
         if entry.expires_at <= now:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         entry.expires_at = now + self.ttl
         return entry
@@ -48,18 +51,58 @@ class MemoryStore:
         """Drop expired sessions so an idle service does not hold them forever."""
         self._last_sweep = now
         for session_id in [k for k, e in self._sessions.items() if e.expires_at <= now]:
-            del self._sessions[session_id]
+            self._drop(session_id)
         for key in [k for k, (_, expires) in self._requests.items() if expires <= now]:
             del self._requests[key]
 
-    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        await self.create_group([meta], state, initial, trajectory)
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str], *,
+                     quota: int | None = None) -> None:
+        await self.create_group([meta], state, initial, trajectory, quota=quota)
 
-    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
+                           quota: int | None = None) -> None:
+        if not metas:
+            return
+        each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
+        tenant = metas[0].tenant
+        self._reserve(tenant, each * len(metas), quota)
         for meta in metas:
+            self._drop(meta.session_id)  # (a create never extends what an old session left)
             self._sessions[meta.session_id] = _Entry(
                 replace(meta), state, initial, list(trajectory), time.time() + self.ttl
             )
+            self._count(tenant, meta.session_id, each)
+
+    def _reserve(self, tenant: str, needed: int, quota: int | None) -> None:
+        """Raises BytesQuota when ``needed`` more bytes would take ``tenant`` past ``quota``."""
+        if quota is None or needed <= 0:
+            return
+        used = self._used(tenant)
+        if used + needed > quota:
+            raise BytesQuota(used, needed, quota)
+
+    def _used(self, tenant: str) -> int:
+        return self._session_bytes.get(tenant, 0) + self._record_bytes.get(tenant, 0)
+
+    def _count(self, tenant: str, session_id: str, grown: int) -> None:
+        counted = self._bytes.setdefault(tenant, {})
+        counted[session_id] = counted.get(session_id, 0) + grown
+        self._session_bytes[tenant] = self._session_bytes.get(tenant, 0) + grown
+
+    def _uncount(self, tenant: str, session_id: str) -> None:
+        held = self._bytes.get(tenant, {}).pop(session_id, None)
+        if held is not None:
+            self._session_bytes[tenant] -= held
+
+    def _drop(self, session_id: str) -> _Entry | None:
+        """Remove a session (expired or deleted); its bytes are gone with it."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            self._uncount(entry.meta.tenant, session_id)
+        return entry
+
+    async def usage(self, tenant: str) -> int:
+        return self._used(tenant)
 
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         entry = self._entry(session_id)
@@ -73,11 +116,11 @@ class MemoryStore:
             trajectory=list(entry.trajectory) if trajectory else [],
         )
 
-    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         snap = await self.load(source.session_id, trajectory=True)
         if snap is None:
             return False
-        await self.create_group(metas, snap.state, snap.initial, snap.trajectory)
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota)
         return True
 
     async def state(self, session_id: str) -> str | None:
@@ -91,12 +134,16 @@ class MemoryStore:
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None) -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
             self._live[tenant][session_id] = time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
             return False
+        if tenant is not None:
+            grown = stored_bytes(record) + (0 if state is None else stored_bytes(state) - stored_bytes(entry.state))
+            self._reserve(tenant, grown, quota)
+            self._count(tenant, session_id, grown)
         if state is not None:
             entry.state = state
         entry.trajectory.append(record)
@@ -133,7 +180,7 @@ class MemoryStore:
         self._requests.pop(key, None)
 
     async def delete(self, session_id: str) -> bool:
-        return self._entry(session_id) is not None and self._sessions.pop(session_id, None) is not None
+        return self._entry(session_id) is not None and self._drop(session_id) is not None
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
@@ -158,6 +205,10 @@ class MemoryStore:
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = time.time()
         live = {k: v for k, v in self._live.get(tenant, {}).items() if v > now}
+        for gone in self._live.get(tenant, {}).keys() - live.keys():
+            entry = self._sessions.get(gone)
+            if entry is not None and entry.expires_at <= now:
+                self._drop(gone)  # an expired session gives its bytes back
         if len(live) + len(session_ids) > limit:
             self._live[tenant] = live
             return len(live)
@@ -173,15 +224,19 @@ class MemoryStore:
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         for sid in session_ids:
             self._live.get(tenant, {}).pop(sid, None)
+            self._uncount(tenant, sid)
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
-                         limit: int | None = None) -> str | None:
+                         limit: int | None = None, quota: int | None = None) -> str | None:
         records = self._records.setdefault((tenant, kind), {})
         existing = records.get(key)
         if existing is None:
             if limit is not None and len(records) >= limit:
                 raise RecordLimit(f"{kind}: at most {limit}")
+            size = stored_bytes(value)
+            self._reserve(tenant, size, quota)
             records[key] = value
+            self._record_bytes[tenant] = self._record_bytes.get(tenant, 0) + size
         return existing
 
     async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
@@ -191,7 +246,11 @@ class MemoryStore:
         return dict(self._records.get((tenant, kind), {}))
 
     async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
-        return self._records.get((tenant, kind), {}).pop(key, None) is not None
+        value = self._records.get((tenant, kind), {}).pop(key, None)
+        if value is None:
+            return False
+        self._record_bytes[tenant] -= stored_bytes(value)
+        return True
 
     async def ping(self) -> None:
         return None

@@ -50,6 +50,12 @@ class Metrics:
         self.session_calls = Gauge("envfoundry_sandbox_session_calls", "Session calls by where the instance was: "
                                    "'live' in a worker, or 'rebuilt' from the stored state.", ["instance"],
                                    registry=r)
+        self.sandbox_bounds = Gauge("envfoundry_sandbox_tenant_bounds", "Workers one tenant may hold ('cap') and "
+                                    "workers kept for tenants holding none ('reserve').", ["bound"], registry=r)
+        self.sandbox_reserved = Gauge("envfoundry_sandbox_reserved_grants", "Workers given from the reserve to a "
+                                      "tenant that held none, since start.", registry=r)
+        self.analysis_wait = Histogram("envfoundry_analysis_wait_seconds", "Time an environment submission waited "
+                                       "for a code-analysis slot.", buckets=LATENCY_BUCKETS, registry=r)
         self.worker_replacements = Gauge("envfoundry_sandbox_worker_replacements",
                                          "Sandbox workers replaced (lost, hung, recycled) since start.", registry=r)
         # Per worker slot, as each worker last reported (at most a second old while it serves requests).

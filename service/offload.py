@@ -2,7 +2,10 @@
 
 Building the JSON view of a large state (millions of values, deep nesting) takes
 seconds of pure Python; on the event loop it would stall every other client.
-Small states are cheaper to view in place than to ship to another process.
+Small states are cheaper to view in place than to ship to another process, but a small state can
+still have a large view (an object shared by many dict keys is shown in full under each): a state
+is viewed in place only within a budget of ``INLINE_NODES`` (the view's own measure, keys' items
+included, see ``sandbox/view.py``); one that would pass it is viewed in the pool.
 The pool runs trusted service code on data only: nothing from an environment is
 executed there (the view never unpickles).
 """
@@ -18,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from sandbox import view
 
 INLINE_BYTES = 64 * 1024
+INLINE_NODES = 20_000
 
 
 class ViewError(Exception):
@@ -47,7 +51,9 @@ class Offload:
     async def state_view(self, encoded: str) -> str:
         """Raises ViewError: the view fails or takes longer than the timeout."""
         if len(encoded) <= INLINE_BYTES:
-            return state_view_json(encoded)
+            shown = view.view_encoded_within(json.loads(encoded), INLINE_NODES)
+            if shown is not view.OVER:
+                return json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.wait_for(loop.run_in_executor(self._pool(), state_view_json, encoded), self.timeout)

@@ -22,7 +22,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.keys import Keys
 from service.redis_lane import Lane
-from service.store import Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, StoreError
+from service.store import (
+    BytesQuota,
+    Held,
+    LockTimeout,
+    RecordLimit,
+    SessionMeta,
+    Snapshot,
+    StoreError,
+    stored_bytes,
+)
 
 # While Redis is unreachable, requests fail at once and the store tries it again after a delay that
 # doubles from the first to the longest; the delay left is the Retry-After clients are told.
@@ -39,24 +48,38 @@ T = TypeVar("T")
 # made it exist together or not at all.
 COMMIT = """
 local result = 1
+local grown = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
   result = -1
 elseif tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then
   result = 0
 else
+  grown = #ARGV[4]
+  if ARGV[2] == '1' then grown = grown + #ARGV[3] - redis.call('STRLEN', KEYS[2]) end
+  if #KEYS == 9 and grown > 0 and tonumber(ARGV[12]) >= 0 then
+    local used = tonumber(redis.call('HGET', KEYS[8], '#total') or '0') + tonumber(redis.call('GET', KEYS[9]) or '0')
+    if used + grown > tonumber(ARGV[12]) then result = -2 end
+  end
+end
+if result == 1 then
   if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
   redis.call('RPUSH', KEYS[4], ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'step', 1)
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
   for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+  if #KEYS == 9 then
+    redis.call('HINCRBY', KEYS[8], ARGV[10], grown)
+    redis.call('HINCRBY', KEYS[8], '#total', grown)
+    redis.call('PEXPIREAT', KEYS[8], ARGV[11])
+  end
 end
 if ARGV[9] ~= '' and redis.call('GET', KEYS[6]) == ARGV[9] then redis.call('DEL', KEYS[6]) end
-if #KEYS == 7 then
+if #KEYS >= 7 then
   redis.call('ZADD', KEYS[7], 'XX', ARGV[11], ARGV[10])
   redis.call('PEXPIREAT', KEYS[7], ARGV[11])
 end
-return result
+return {result, grown}
 """
 
 # Copy a session server-side into fresh ids (a fork): nothing crosses to the API but the ids.
@@ -92,12 +115,56 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-ADMIT = """
+# A tenant's session bytes: a session no longer counted gives its bytes back.
+UNCOUNT = """
+local function uncount(counts, sid)
+  local held = redis.call('HGET', counts, sid)
+  if held then
+    redis.call('HDEL', counts, sid)
+    redis.call('HINCRBY', counts, '#total', -tonumber(held))
+  end
+end
+"""
+
+ADMIT = UNCOUNT + """
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do uncount(KEYS[2], sid) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local live = redis.call('ZCARD', KEYS[1])
 if live + #ARGV - 3 > tonumber(ARGV[2]) then return live end
 for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
 redis.call('PEXPIREAT', KEYS[1], ARGV[3])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIREAT', KEYS[2], ARGV[3]) end
+return -1
+"""
+
+FORGET = UNCOUNT + """
+for _, sid in ipairs(ARGV) do
+  redis.call('ZREM', KEYS[1], sid)
+  uncount(KEYS[2], sid)
+end
+return 0
+"""
+
+# Count bytes for a tenant unless that would pass its quota (then nothing is counted and the bytes
+# used are returned). ARGV: quota (-1: none), when the session counts expire (0: leave them), then
+# pairs of a session id (or '#records') and its bytes (negative to give bytes back).
+RESERVE = """
+local need = 0
+for i = 3, #ARGV, 2 do need = need + tonumber(ARGV[i + 1]) end
+local quota = tonumber(ARGV[1])
+if quota >= 0 and need > 0 then
+  local used = tonumber(redis.call('HGET', KEYS[1], '#total') or '0') + tonumber(redis.call('GET', KEYS[2]) or '0')
+  if used + need > quota then return used end
+end
+for i = 3, #ARGV, 2 do
+  if ARGV[i] == '#records' then
+    redis.call('INCRBY', KEYS[2], ARGV[i + 1])
+  else
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+    redis.call('HINCRBY', KEYS[1], '#total', ARGV[i + 1])
+  end
+end
+if tonumber(ARGV[2]) > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
 return -1
 """
 
@@ -254,6 +321,8 @@ class RedisStore:
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
         self._admit = self.client.register_script(ADMIT)
+        self._forget = self.client.register_script(FORGET)
+        self._reserve_script = self.client.register_script(RESERVE)
         self._renew = self.client.register_script(RENEW)
 
     async def translate(self, exc: RedisError) -> StoreError:
@@ -275,11 +344,47 @@ class RedisStore:
     def _ttl_ms(self) -> int:
         return int(self.ttl * 1000)
 
-    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        await self.create_group([meta], state, initial, trajectory)
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str], *,
+                     quota: int | None = None) -> None:
+        await self.create_group([meta], state, initial, trajectory, quota=quota)
+
+    async def _reserve(self, tenant: str, counts: dict[str, int], quota: int | None, *, sessions: bool = True) -> None:
+        """Count bytes for ``tenant`` (a session id or '#records' to its bytes), all or none.
+
+        Raises:
+            BytesQuota: they would take the tenant past ``quota``; nothing is counted.
+        """
+        expires = int((time.time() + self.ttl) * 1000) if sessions else 0
+        pairs = [item for field, size in counts.items() for item in (field, size)]
+        used = int(await self._reserve_script(keys=[self.keys.session_bytes(tenant), self.keys.record_bytes(tenant)],
+                                              args=[-1 if quota is None else quota, expires, *pairs]))
+        if used >= 0:
+            raise BytesQuota(used, sum(counts.values()), quota or 0)
+
+    async def _unreserve(self, tenant: str, counts: dict[str, int]) -> None:
+        """Give back bytes counted for writes that then failed (best effort: Redis may be gone)."""
+        try:
+            await self._reserve(tenant, {field: -size for field, size in counts.items()}, None, sessions=False)
+        except RedisError:
+            pass
 
     @_translated
-    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
+                           quota: int | None = None) -> None:
+        if not metas:
+            return
+        each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
+        counts = {meta.session_id: each for meta in metas}
+        tenant = metas[0].tenant
+        # Counted first, in one script on the tenant's slot, so the quota holds however many replicas write.
+        await self._reserve(tenant, counts, quota)
+        try:
+            await self._write_group(metas, state, initial, trajectory)
+        except BaseException:
+            await self._unreserve(tenant, counts)
+            raise
+
+    async def _write_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
         if not self.cluster:
             # One MULTI: every session of the group exists, or none does.
             async with self.client.pipeline(transaction=True) as pipe:
@@ -306,9 +411,44 @@ class RedisStore:
             raise failure
 
     @_translated
-    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         """Store ``metas`` as copies of ``source``'s state, initial state and trajectory, server-side
         where Redis allows (one script), else read and written back; False if ``source`` is gone."""
+        if self.lane is not None:
+            each = await self._bytes_of(source)
+            counts = {meta.session_id: each for meta in metas}
+            await self._reserve(source.tenant, counts, quota)
+            try:
+                copied = await self._copy_inside(source, metas)
+            except BaseException:
+                await self._unreserve(source.tenant, counts)
+                raise
+            if copied is not None:
+                if not copied:
+                    await self._unreserve(source.tenant, counts)
+                return copied
+            await self._unreserve(source.tenant, counts)
+        snap = await self.load(source.session_id, trajectory=True)
+        if snap is None:
+            return False
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota)
+        return True
+
+    async def _bytes_of(self, meta: SessionMeta) -> int:
+        """What a session stores, as counted for its tenant (for one counted before counts
+        existed: its state and initial state)."""
+        counted = await self.client.hget(self.keys.session_bytes(meta.tenant), meta.session_id)
+        if counted is not None:
+            return int(counted)
+        k = self.keys.session(meta.session_id)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.strlen(k.state)
+            pipe.strlen(k.initial)
+            sizes: list[int] = await pipe.execute()
+        return sum(int(size) for size in sizes)
+
+    async def _copy_inside(self, source: SessionMeta, metas: list[SessionMeta]) -> bool | None:
+        """The copy as one server-side script; None when this Redis cannot (no COPY before 6.2)."""
         if self.lane is not None:
             k = self.keys.session(source.session_id)
             keys = [k.meta, k.state, k.initial, k.trajectory]
@@ -321,12 +461,8 @@ class RedisStore:
                 return int(done) == 1
             except ResponseError as exc:
                 if "COPY" not in str(exc).upper() and "unknown command" not in str(exc):
-                    raise  # (a Redis before 6.2 has no COPY: the general path below)
-        snap = await self.load(source.session_id, trajectory=True)
-        if snap is None:
-            return False
-        await self.create_group(metas, snap.state, snap.initial, snap.trajectory)
-        return True
+                    raise
+        return None
 
     def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
         k = self.keys.session(meta.session_id)
@@ -379,32 +515,56 @@ class RedisStore:
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None) -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
         expires = int((time.time() + self.ttl) * 1000)
         args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
-                "1" if done else "0", key, value, held.token if held else "", session_id, expires]
+                "1" if done else "0", key, value, held.token if held else "", session_id, expires,
+                -1 if quota is None else quota]
         keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock]
         if tenant is not None and not self.cluster:
-            keys.append(self.keys.live_sessions(tenant))  # one round trip: commit, unlock, live count
-        committed = int(await self._script(self._commit, keys, args)) == 1
+            # one round trip: commit, unlock, live count, bytes counted against the quota
+            keys += [self.keys.live_sessions(tenant), self.keys.session_bytes(tenant), self.keys.record_bytes(tenant)]
+        upper = 0
+        if tenant is not None and self.cluster:
+            # The tenant's counts are on another slot: the most the step can add is counted first.
+            upper = stored_bytes(record) + (0 if state is None else stored_bytes(state))
+            await self._reserve(tenant, {session_id: upper}, quota)
+        try:
+            outcome, grown = await self._script(self._commit, keys, args)
+        except BaseException:
+            if upper:
+                await self._unreserve(tenant or "", {session_id: upper})
+            raise
         if held is not None:
             held.released = True
         if tenant is not None and self.cluster:
-            # The tenant's count is on another slot: refresh it after the commit, in a second round trip.
+            # ...and set right after the commit (with the live count), in a second round trip.
+            await self._reserve(tenant, {session_id: (int(grown) if int(outcome) == 1 else 0) - upper}, None)
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
                 pipe.pexpireat(self.keys.live_sessions(tenant), expires)
                 await pipe.execute()
-        return committed
+        if int(outcome) == -2:
+            used = await self.usage(tenant or "")
+            raise BytesQuota(used, int(grown), quota or 0)
+        return int(outcome) == 1
 
     @_translated
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = int(time.time() * 1000)
-        live = await self._script(self._admit, [self.keys.live_sessions(tenant)],
+        live = await self._script(self._admit, [self.keys.live_sessions(tenant), self.keys.session_bytes(tenant)],
                                   [now, limit, now + self._ttl_ms, *session_ids])
         return None if int(live) < 0 else int(live)
+
+    @_translated
+    async def usage(self, tenant: str) -> int:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(self.keys.session_bytes(tenant), "#total")
+            pipe.get(self.keys.record_bytes(tenant))
+            sessions, records = await pipe.execute()
+        return int(sessions or 0) + int(records or 0)
 
     @_translated
     async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
@@ -418,7 +578,8 @@ class RedisStore:
     @_translated
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         if session_ids:
-            await self.client.zrem(self.keys.live_sessions(tenant), *session_ids)
+            await self._forget(keys=[self.keys.live_sessions(tenant), self.keys.session_bytes(tenant)],
+                               args=session_ids)
 
     @_translated
     async def idempotent(self, session_id: str, key: str) -> str | None:
@@ -571,16 +732,27 @@ class RedisStore:
                 pass  # Redis is away: the commit's compare-and-set still keeps steps exact
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
-                         limit: int | None = None) -> str | None:
+                         limit: int | None = None, quota: int | None = None) -> str | None:
+        size = {"#records": stored_bytes(value)}
         try:
-            existing = await self._put_record(keys=[self.keys.records(kind, tenant)],
-                                              args=[key, value, -1 if limit is None else limit])
+            known = await self.client.hget(self.keys.records(kind, tenant), key)
+            if known is not None:
+                return str(known)  # (not counted against the quota: nothing is written)
+            await self._reserve(tenant, size, quota, sessions=False)
+            try:
+                existing = await self._put_record(keys=[self.keys.records(kind, tenant)],
+                                                  args=[key, value, -1 if limit is None else limit])
+            except BaseException:
+                await self._unreserve(tenant, size)
+                raise
         except ResponseError as exc:
             if "record limit" in str(exc):
                 raise RecordLimit(f"{kind}: at most {limit}") from exc
             raise StoreError(f"redis: {exc}") from exc
         except RedisError as exc:
             raise StoreError(f"redis: {exc}") from exc
+        if existing is not None:
+            await self._unreserve(tenant, size)  # nothing was written
         return None if existing is None else str(existing)
 
     @_translated
@@ -595,7 +767,14 @@ class RedisStore:
 
     @_translated
     async def delete_record(self, kind: str, key: str, *, tenant: str = "") -> bool:
-        return int(await self.client.hdel(self.keys.records(kind, tenant), key)) > 0
+        name = self.keys.records(kind, tenant)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hstrlen(name, key)
+            pipe.hdel(name, key)
+            size, removed = await pipe.execute()
+        if int(removed) > 0:
+            await self._reserve(tenant, {"#records": -int(size)}, None, sessions=False)
+        return int(removed) > 0
 
     @_translated
     async def ping(self) -> None:

@@ -29,7 +29,7 @@ from service.problems import (
     QuotaExceeded,
     Unavailable,
 )
-from service.store import RecordLimit, SessionStore
+from service.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 
 PARSED_CACHE = 512
 
@@ -40,12 +40,13 @@ def env_code(env: Environment) -> EnvCode:
 
 class Registry:
     def __init__(self, catalog: Catalog, store: SessionStore, pool: WorkerPool, *,
-                 max_environments: int = 100, max_scenarios: int = 10_000) -> None:
+                 max_environments: int = 100, max_scenarios: int = 10_000, max_tenant_bytes: int = 1 << 30) -> None:
         self.catalog = catalog
         self.store = store
         self.pool = pool
         self.max_environments = max_environments
         self.max_scenarios = max_scenarios
+        self.max_tenant_bytes = max_tenant_bytes
         self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
 
     async def environment(self, env_id: str, tenant: str = "") -> Environment:
@@ -93,6 +94,8 @@ class Registry:
             if existing.code_hash != env.code_hash:
                 raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")
             return existing
+        # The record is a little larger than the code: a tenant at its quota spends no sandbox time.
+        await self._check_room(stored_bytes(env.code), tenant)
         try:
             failure = await self.pool.validate(env_code(env))
         except RequestFailed as exc:
@@ -156,10 +159,23 @@ class Registry:
 
     async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int) -> str | None:
         try:
-            return await self.store.put_record(kind, key, record, tenant=tenant, limit=limit)
+            return await self.store.put_record(kind, key, record, tenant=tenant, limit=limit,
+                                               quota=self.max_tenant_bytes)
         except RecordLimit as exc:
             raise QuotaExceeded(f"this tenant holds {limit} {kind}, its quota; delete some to add more",
                                 quota=f"max_{kind}", value=limit, retry_after=3600) from exc
+        except BytesQuota as exc:
+            raise self._over(exc.used, exc.needed) from None
+
+    async def _check_room(self, needed: int, tenant: str) -> None:
+        used = await self.store.usage(tenant)
+        if used + needed > self.max_tenant_bytes:
+            raise self._over(used, needed)
+
+    def _over(self, used: int, needed: int) -> QuotaExceeded:
+        return QuotaExceeded(f"the tenant stores {used} bytes; {needed} more would pass its quota of "
+                             f"{self.max_tenant_bytes}; nothing was stored", quota="max_tenant_bytes",
+                             value=self.max_tenant_bytes, used=used, needed=needed, retry_after=60)
 
     @staticmethod
     async def _existing(lookup: Any, key: str, tenant: str) -> Any:

@@ -211,9 +211,10 @@ class Step(BaseModel):
     step: int
     kind: Literal["call"] = "call"
     name: str
-    arguments: Any
+    arguments: Any = Field(description='As sent; {"$truncated": "size", "bytes": n} when the record passed '
+                           "max_record_bytes with its diff summarised.")
     ok: bool = Field(description=OK_MEANING)
-    result: Any = None
+    result: Any = Field(default=None, description='As answered; {"$truncated": "size", "bytes": n} as for arguments.')
     error: CallError | None = None
     observation: str
     diff: StateDiff

@@ -38,7 +38,16 @@ from service.problems import (
     UserLLMUnavailable,
 )
 from service.registry import Registry, env_code
-from service.store import Held, LockTimeout, SessionMeta, SessionStore, Snapshot, StoreError, new_session_id
+from service.store import (
+    BytesQuota,
+    Held,
+    LockTimeout,
+    SessionMeta,
+    SessionStore,
+    Snapshot,
+    StoreError,
+    new_session_id,
+)
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 
@@ -68,6 +77,8 @@ class SessionLimits:
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
+    max_tenant_bytes: int = 1 << 30  # what one tenant's sessions and catalog records may store
+    sandbox_reserve: int = 0  # sandbox workers kept for tenants that hold none (see FairGate)
 
 
 @dataclass
@@ -85,7 +96,10 @@ class Sessions:
         self.offload = offload or Offload()
         self.metrics = metrics or Metrics()
         self.limits = limits or SessionLimits()
-        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share)
+        self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share, self.limits.sandbox_reserve)
+        self.metrics.sandbox_bounds.labels("cap").set(self.gate.cap)
+        self.metrics.sandbox_bounds.labels("reserve").set(self.gate.reserve)
+        self.metrics.sandbox_reserved.set_function(lambda: self.gate.reserved_grants)
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -117,7 +131,8 @@ class Sessions:
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
             try:
-                await self._store(self.store.create_group(metas, state, state, []))
+                await self._store(self._quota(self.store.create_group(metas, state, state, [],
+                                                                      quota=self.limits.max_tenant_bytes)))
             except BaseException:
                 self.pool.forget(ids[0])
                 raise
@@ -170,6 +185,16 @@ class Sessions:
             await self._store(self.store.forget(tenant, ids))
             raise
 
+
+    async def _quota(self, write: Any) -> Any:
+        """A store write that counts against the tenant's stored-bytes quota; refused whole past it."""
+        try:
+            return await write
+        except BytesQuota as exc:
+            raise QuotaExceeded(f"{exc}; nothing was stored. Delete sessions (or environments and scenarios) this "
+                                "tenant no longer needs, or wait for idle sessions to expire",
+                                quota="max_tenant_bytes", value=exc.quota, used=exc.used, needed=exc.needed,
+                                retry_after=60) from None
 
     def _simulator(self) -> UserSimulator:
         if self.user is None:
@@ -317,13 +342,24 @@ class Sessions:
                                 "new session", limit="max_steps", value=self.limits.max_steps)
 
     def _encoded(self, record: dict[str, Any]) -> str:
-        """The record as stored, within max_record_bytes: a diff too large to keep is summarised, never the
-        result (the record is encoded once; a second time only when it is cut)."""
+        """The record as stored, within max_record_bytes. Over it, the diff is summarised first; if the
+        arguments or the result still take it over, they are stored as ``{"$truncated": "size", "bytes":
+        n}`` (the answer to the call keeps them whole). Encoded once on the hot path, again only when cut."""
         text = json.dumps(record)
-        if len(text) > self.limits.max_record_bytes and record.get("kind") == "call":
+        limit = self.limits.max_record_bytes
+        if len(text) <= limit or record.get("kind") != "call":
+            return text
+        if not record["diff"].get("truncated"):
             record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
                               "bytes": len(json.dumps(record["diff"]))}
             text = json.dumps(record)
+        if len(text) > limit:
+            stored = dict(record)
+            for part in ("arguments", "result"):
+                size = len(json.dumps(stored[part]))
+                if size > 1024:
+                    stored[part] = {"$truncated": "size", "bytes": size}
+            text = json.dumps(stored)
         return text
 
     @asynccontextmanager
@@ -359,9 +395,9 @@ class Sessions:
                       print_: str, done: bool = False, held: Held | None = None) -> None:
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
-        committed = await self._store(self.store.commit(session_id, snap.meta.step, state, self._encoded(record),
-                                                        done=done, idempotency=remembered, tenant=snap.meta.tenant,
-                                                        held=held))
+        committed = await self._store(self._quota(self.store.commit(
+            session_id, snap.meta.step, state, self._encoded(record), done=done, idempotency=remembered,
+            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes)))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
@@ -456,7 +492,8 @@ class Sessions:
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
         async with self._admitted(tenant, [m.session_id for m in metas]):
-            if not await self._store(self.store.copy(snap.meta, metas)):
+            if not await self._store(self._quota(self.store.copy(snap.meta, metas,
+                                                                 quota=self.limits.max_tenant_bytes))):
                 raise NotFound(f"session '{session_id}' not found (it may have expired)")
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.pool import Limits
+from service.connections import ConnectionBounds
 from service.sessions import SessionLimits
 
 
@@ -58,6 +59,16 @@ class Settings(BaseSettings):
                                 "hold the event loop for long).")
     max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
                                  "(counted before parsing).")
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, description="Largest request line and headers "
+                                  "(431 past it; the connection is closed).")
+    header_timeout: float = Field(default=10.0, gt=0, description="Seconds a connection may take to send a "
+                                  "request's head, from when it opened or the previous answer ended.")
+    body_timeout: float = Field(default=60.0, gt=0, description="Seconds a request's body may take to arrive "
+                                "after its head.")
+    keep_alive_timeout: int = Field(default=5, ge=1, description="Seconds an idle kept-alive connection "
+                                      "stays open.")
+    max_connections: int = Field(default=1024, ge=1, description="Open connections; past it a new one closes the "
+                                 "one that has waited longest for a request (requests being answered are kept).")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(
@@ -73,6 +84,14 @@ class Settings(BaseSettings):
     score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
     tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
                                         "tenant may hold at once.")
+    max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
+                                  "sessions' states, initial states and step records, and its added environments "
+                                  "and scenarios. A write past it is refused whole (429 quota-exceeded).")
+    sandbox_reserve: int = Field(default=1, ge=0, description="With API keys: sandbox workers kept for tenants "
+                                 "that hold none, so one tenant holding the others cannot make another's first "
+                                 "request wait for its calls to end (always fewer than the workers).")
+    analysis_wait: float = Field(default=60.0, gt=0, description="How long an environment submission waits for "
+                                 "a code-analysis slot (slots go to the tenant holding fewest first).")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
@@ -87,7 +106,12 @@ class Settings(BaseSettings):
 
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
-                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share)
+                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share,
+                             max_tenant_bytes=self.max_tenant_bytes, sandbox_reserve=self.sandbox_reserve)
+
+    def connection_bounds(self) -> ConnectionBounds:
+        return ConnectionBounds(max_header_bytes=self.max_header_bytes, header_timeout=self.header_timeout,
+                                body_timeout=self.body_timeout, max_connections=self.max_connections)
 
     def limits(self) -> Limits:
         return Limits(
@@ -99,6 +123,7 @@ class Settings(BaseSettings):
             output_bytes=self.max_output_bytes,
             result_bytes=self.max_result_bytes,
             state_bytes=self.max_state_bytes,
+            diff_bytes=self.max_record_bytes,
             residents=self.residents,
             resident_memory_mb=self.resident_memory_mb,
             # a live session never outlives its stored session's expiry

@@ -8,6 +8,11 @@ session refreshes its idle TTL; an expired session is gone for every reader.
 Calls on one session are serialized by ``lock``; ``commit`` is additionally a
 compare-and-set on the step number, so even a caller whose lock lease ran out
 can never apply a step twice or on top of a state it did not read.
+
+What a tenant stores is counted in bytes (states, initial states, step records of its live
+sessions; its catalog records): every write that takes a ``quota`` is refused whole with
+``BytesQuota``, before anything is written, when the tenant's count would pass it. A session's
+bytes count from its creation until ``forget`` (or until ``admit`` finds it expired).
 """
 
 from __future__ import annotations
@@ -28,6 +33,21 @@ class LockTimeout(StoreError):
 
 class RecordLimit(Exception):
     """A tenant holds as many catalog records of a kind as it may."""
+
+
+class BytesQuota(Exception):
+    """Storing ``needed`` more bytes would take the tenant past its stored-bytes quota; nothing was written."""
+
+    def __init__(self, used: int, needed: int, quota: int) -> None:
+        super().__init__(f"the tenant stores {used} bytes; {needed} more would pass its quota of {quota}")
+        self.used = used
+        self.needed = needed
+        self.quota = quota
+
+
+def stored_bytes(text: str) -> int:
+    """What ``text`` takes in the store (UTF-8), without encoding the common all-ASCII case."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def new_session_id() -> str:
@@ -93,11 +113,17 @@ class Held:
 class SessionStore(Protocol):
     ttl: float
 
-    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
-        """Store a new session."""
+    async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str], *,
+                     quota: int | None = None) -> None:
+        """Store a new session.
 
-    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
-        """Store several sessions sharing one state, all or none."""
+        Raises:
+            BytesQuota: the session would take its tenant past ``quota`` bytes (nothing is written).
+        """
+
+    async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
+                           quota: int | None = None) -> None:
+        """Store several sessions sharing one state, all or none (``BytesQuota`` as ``create``)."""
 
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         """Read a session consistently (meta, blobs and optionally trajectory at one step).
@@ -106,19 +132,30 @@ class SessionStore(Protocol):
     async def state(self, session_id: str) -> str | None:
         """The session's current encoded state alone."""
 
-    async def copy(self, source: SessionMeta, metas: list[SessionMeta]) -> bool:
+    async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         """Store sessions ``metas`` as copies of ``source`` at its current step (state, initial
-        state, trajectory), all or none; False if ``source`` no longer exists."""
+        state, trajectory), all or none; False if ``source`` no longer exists. Each copy costs
+        what ``source`` stores.
+
+        Raises:
+            BytesQuota: the copies would take the tenant past ``quota`` bytes (none is written).
+        """
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
         carrying the key finds it even when the answer to the first attempt was lost. With
         ``tenant``, the session's place in that tenant's live count is refreshed too. With ``held``
-        (from ``begin``), the call lock is released in the same step."""
+        (from ``begin``), the call lock is released in the same step. With ``tenant``, the bytes the
+        step adds (the record, the state's growth) count for the tenant.
+
+        Raises:
+            BytesQuota: the step would take ``tenant`` past ``quota`` bytes (nothing is written;
+                a lock in ``held`` is released all the same).
+        """
 
     def begin(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[Held]:
         """``lock`` and ``load(blobs=False)`` together (one round trip where the store allows)."""
@@ -152,17 +189,21 @@ class SessionStore(Protocol):
         return the live count when it would (nothing is counted then)."""
 
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
-        """Stop counting sessions (deleted, or their creation failed)."""
+        """Stop counting sessions (deleted, or their creation failed), and the bytes they stored."""
+
+    async def usage(self, tenant: str) -> int:
+        """The bytes ``tenant`` stores, as its quota counts them."""
 
     async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
         """A page of the tenant's live session ids, oldest expiry first, and how many there are."""
 
     async def put_record(self, kind: str, key: str, value: str, *, tenant: str = "",
-                         limit: int | None = None) -> str | None:
+                         limit: int | None = None, quota: int | None = None) -> str | None:
         """Store a tenant's catalog record unless ``key`` exists; return the existing value if it does.
 
         Raises:
             RecordLimit: the tenant already holds ``limit`` records of ``kind``.
+            BytesQuota: the record would take the tenant past ``quota`` bytes.
         """
 
     async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:

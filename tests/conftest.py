@@ -62,15 +62,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc.wait(10)
 
 
+def drop_keys(redis_url: str, prefix: str) -> None:
+    """Remove every key of a test's namespace (never FLUSHDB: other tests share the Redis)."""
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
 @pytest.fixture
 def key_prefix(redis_url: str) -> Iterator[str]:
     """A key namespace of the test's own; its keys are removed afterwards (never FLUSHDB)."""
     prefix = f"eftest-{secrets.token_hex(4)}"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
+    drop_keys(redis_url, prefix)
 
 
 @dataclass
@@ -134,10 +139,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     yield srv
     srv.stop()
     if request.param == "redis":
-        client = redis.Redis.from_url(url)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        drop_keys(url, prefix)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sandbox.codec import CodecError, decode, encode_state
-from sandbox.view import diff, view, view_encoded
+from sandbox.view import OVER, diff, view, view_encoded, view_encoded_within
 
 ENV_MODULE = "ef_env_test"
 
@@ -567,3 +567,20 @@ def test_diff_of_encoded_state_views(env: types.ModuleType) -> None:
             {"path": "/p/y", "old": 2, "new": 3},
         ],
     }
+
+
+def test_a_shared_object_under_many_keys_is_charged_every_time_it_is_shown() -> None:
+    shared = tuple(range(2000))
+    many = json.loads(encode_state({"index": {(i, shared): i for i in range(100)}}))
+    # small as stored (the tuple is written once), but each key shows it in full
+    assert len(json.dumps(many)) < 20_000
+    assert view_encoded_within(many, 20_000) is OVER
+    plain = json.loads(encode_state({"index": {(i, "x"): i for i in range(100)}, "shared": shared}))
+    assert view_encoded_within(plain, 20_000) == view_encoded(plain)
+
+
+def test_keys_showing_a_long_shared_string_spend_the_whole_views_budget() -> None:
+    text = "x" * 50_000
+    state = {"index": {(i, text): i for i in range(200)}}
+    encoded = json.loads(encode_state(state))
+    assert view_encoded_within(encoded, 20_000) is OVER

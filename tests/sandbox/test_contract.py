@@ -606,3 +606,15 @@ async def test_an_environment_cannot_watch_another_run(pool_factory: Any) -> Non
         await pool.call(snoop, snoop_state, "seen", {})
         seen = await pool.call(snoop, snoop_state, "seen", {})  # forked after the victim's calls
         assert seen.ok and not any(name.startswith("victim") for name in seen.result), seen.result
+
+
+async def test_a_diff_over_its_bound_is_summarised_before_it_reaches_the_service(pool_factory: Any) -> None:
+    async with pool_factory(diff_bytes=4096) as pool:
+        state = await _state(pool)
+        out = await pool.call(PROBE, state, "tag", {"tag": "t" * 10_000})
+        assert out.ok and out.state is not None and "t" * 10_000 in out.state  # the state keeps the change
+        assert out.diff == {"added": [], "removed": [], "changed": [], "truncated": True,
+                            "bytes": out.diff["bytes"]}
+        assert out.diff["bytes"] > 10_000
+        small = await pool.call(PROBE, state, "increment", {"by": 1})
+        assert small.diff["changed"] == [{"path": "/counter", "old": 0, "new": 1}]

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from service.auth import KeyFileError, KeyRing, digest, new_key
-from tests.conftest import ROOT, Server, start_server
+from tests.conftest import ROOT, Server, drop_keys, start_server
 from tests.service.test_api import problem
 
 WALLET = '''
@@ -68,10 +67,7 @@ def keyed(request: pytest.FixtureRequest, keys: Keys, tmp_path_factory: pytest.T
     yield server
     server.stop()
     if redis_url:
-        raw = redis.Redis.from_url(redis_url)
-        leftovers = list(raw.scan_iter(match=f"{env['ENVFOUNDRY_KEY_PREFIX']}:*", count=1000))
-        if leftovers:
-            raw.delete(*leftovers)
+        drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
 
 
 def as_(server: Server, key: str) -> httpx.Client:

@@ -83,3 +83,50 @@ async def test_a_waiter_past_its_timeout_gets_no_slot_and_takes_none() -> None:
                 pass
         assert gate.waiting == {}
     assert gate.held == {}
+
+
+async def test_a_reserve_keeps_a_slot_for_a_tenant_holding_none() -> None:
+    gate = FairGate(3, reserve=1)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def work(tenant: str) -> None:
+        async with gate.slot(tenant):
+            started.append(tenant)
+            await release.wait()
+
+    hostile = [asyncio.create_task(work("a")) for _ in range(6)]
+    await asyncio.sleep(0.01)
+    assert gate.held == {"a": 2} and len(gate.waiting["a"]) == 4  # the third slot is kept back
+    victim = asyncio.create_task(work("b"))
+    await asyncio.sleep(0.01)
+    assert started[-1] == "b" and gate.held == {"a": 2, "b": 1}  # served at once, no call of 'a' ended
+    assert gate.reserved_grants == 1
+    release.set()
+    await asyncio.gather(*hostile, victim)
+    assert gate.held == {} and gate.waiting == {}
+
+
+async def test_a_reserve_never_takes_the_only_slot() -> None:
+    gate = FairGate(1, reserve=1)
+    async with gate.slot("a", timeout=1):
+        assert gate.held == {"a": 1}
+
+
+async def test_between_tenants_holding_as_many_the_one_served_longest_ago_goes_first() -> None:
+    gate = FairGate(1)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def work(tenant: str, name: str) -> None:
+        async with gate.slot(tenant):
+            order.append(name)
+            await release.wait()
+
+    tasks = [asyncio.create_task(work("a", f"a{i}")) for i in range(3)]
+    await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(work("b", "b0")))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a0", "b0", "a1", "a2"]  # 'a' holds none once a0 ends, as 'b' does: 'b' was never served

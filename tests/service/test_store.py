@@ -24,7 +24,7 @@ from redis.crc import key_slot
 from service.keys import Keys
 from service.memory_store import MemoryStore
 from service.redis_store import RECONNECT_LONGEST, RedisStore, StoreUnavailable
-from service.store import LockTimeout, SessionMeta, SessionStore, StoreError, new_session_id
+from service.store import BytesQuota, LockTimeout, SessionMeta, SessionStore, StoreError, new_session_id
 
 pytestmark = pytest.mark.anyio
 
@@ -523,7 +523,8 @@ async def test_redis_session_keys_share_one_hash_tag_and_the_prefix(
     mine = {k for k in present if meta.session_id in k}
     expected = Keys(prefix).session(meta.session_id)
     assert mine == {expected.meta, expected.state, expected.initial, expected.trajectory, expected.lock}
-    assert present - mine == set(Keys(prefix).session(other.session_id).data()[:3])  # no trajectory yet
+    # no trajectory yet; the tenant's byte count lives on the tenant's slot
+    assert present - mine == {*Keys(prefix).session(other.session_id).data()[:3], Keys(prefix).session_bytes("")}
     for key in present:
         assert key.startswith(prefix + ":"), key
     for key in mine:
@@ -683,3 +684,89 @@ async def test_admitted_sessions_expire_from_the_count_unless_used(make_store: S
     await asyncio.sleep(0.35)
     assert await store.admit("t", ["ses_new"], 2) is None  # the idle one expired, the used one is counted
     assert await store.admit("t", ["ses_more"], 2) == 2
+
+
+def _tenant_meta(tenant: str) -> SessionMeta:
+    return SessionMeta(new_session_id(), "env_a", None, time.time(), tenant=tenant)
+
+
+async def test_a_tenants_stored_bytes_are_counted_and_a_group_past_its_quota_is_refused_whole(
+        store: SessionStore) -> None:
+    tenant = f"t-{secrets.token_hex(4)}"
+    state, initial = '{"n":' + "1" * 90 + "}", '{"n":0}'
+    each = len(state) + len(initial) + len("r0")
+    first = _tenant_meta(tenant)
+    assert await store.admit(tenant, [first.session_id], 100) is None
+    await store.create(first, state, initial, ["r0"], quota=10 * each)
+    assert await store.usage(tenant) == each
+    group = [_tenant_meta(tenant) for _ in range(10)]
+    with pytest.raises(BytesQuota) as refused:
+        await store.create_group(group, state, initial, ["r0"], quota=10 * each)
+    assert (refused.value.used, refused.value.needed, refused.value.quota) == (each, 10 * each, 10 * each)
+    for meta in group:
+        assert await store.load(meta.session_id) is None  # nothing of the group was written
+    assert await store.usage(tenant) == each
+    assert await store.usage(f"other-{tenant}") == 0  # tenants apart
+
+
+async def test_a_fork_past_the_quota_writes_no_copy(store: SessionStore) -> None:
+    tenant = f"t-{secrets.token_hex(4)}"
+    source = _tenant_meta(tenant)
+    await store.create(source, "x" * 1000, "{}", [])
+    copies = [_tenant_meta(tenant) for _ in range(3)]
+    with pytest.raises(BytesQuota):
+        await store.copy(source, copies, quota=3500)
+    for meta in copies:
+        assert await store.load(meta.session_id) is None
+    assert await store.usage(tenant) == 1002
+    assert await store.copy(source, copies[:2], quota=3500) is True
+    assert await store.usage(tenant) == 3 * 1002
+    assert await store.copy(_tenant_meta(tenant), [_tenant_meta(tenant)], quota=3500) is False  # gone source
+    assert await store.usage(tenant) == 3 * 1002
+
+
+async def test_a_step_past_the_quota_is_refused_and_leaves_the_session_as_it_was(store: SessionStore) -> None:
+    tenant = f"t-{secrets.token_hex(4)}"
+    meta = _tenant_meta(tenant)
+    await store.create(meta, '{"n":0}', '{"n":0}', [])
+    assert await store.commit(meta.session_id, 0, '{"n":1}', "r" * 100, tenant=tenant, quota=1000) is True
+    used = await store.usage(tenant)
+    assert used == 7 + 7 + 100
+    with pytest.raises(BytesQuota):
+        await store.commit(meta.session_id, 1, '{"n":2}', "r" * 900, tenant=tenant, quota=1000)
+    snap = await store.load(meta.session_id, trajectory=True)
+    assert snap is not None and snap.meta.step == 1 and snap.state == '{"n":1}' and len(snap.trajectory) == 1
+    assert await store.usage(tenant) == used
+    # a step that shrinks the state costs what it adds, less what it frees
+    assert await store.commit(meta.session_id, 1, "{}", "r", tenant=tenant, quota=1000) is True
+    assert await store.usage(tenant) == used + 1 - 5
+
+
+async def test_forgotten_sessions_and_deleted_records_give_their_bytes_back(store: SessionStore) -> None:
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_tenant_meta(tenant) for _ in range(2)]
+    assert await store.admit(tenant, [m.session_id for m in metas], 10) is None
+    await store.create_group(metas, "s" * 50, "i" * 50, [])
+    assert await store.put_record("environments", "env_q", "e" * 300, tenant=tenant, quota=600) is None
+    assert await store.usage(tenant) == 500
+    with pytest.raises(BytesQuota):
+        await store.put_record("scenarios", "scn_q", "c" * 101, tenant=tenant, quota=600)
+    assert await store.get_record("scenarios", "scn_q", tenant=tenant) is None
+    assert await store.put_record("environments", "env_q", "e" * 300, tenant=tenant, quota=600) == "e" * 300
+    assert await store.usage(tenant) == 500  # an existing record is not stored, nor counted, twice
+    await store.forget(tenant, [metas[0].session_id])
+    assert await store.usage(tenant) == 400
+    assert await store.delete_record("environments", "env_q", tenant=tenant) is True
+    assert await store.usage(tenant) == 100
+
+
+async def test_expired_sessions_give_their_bytes_back(make_store: StoreFactory) -> None:
+    store = make_store(ttl=0.4)
+    tenant = f"t-{secrets.token_hex(4)}"
+    meta = _tenant_meta(tenant)
+    assert await store.admit(tenant, [meta.session_id], 10) is None
+    await store.create(meta, "s" * 500, "{}", [])
+    assert await store.usage(tenant) == 502
+    await asyncio.sleep(0.5)
+    assert await store.admit(tenant, [], 10) is None  # (finds the expired session)
+    assert await store.usage(tenant) == 0

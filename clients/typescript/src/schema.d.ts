@@ -721,7 +721,10 @@ export interface components {
         };
         /** Step */
         Step: {
-            /** Arguments */
+            /**
+             * Arguments
+             * @description As sent; {"$truncated": "size", "bytes": n} when the record passed max_record_bytes with its diff summarised.
+             */
             arguments: unknown;
             diff: components["schemas"]["StateDiff"];
             error?: components["schemas"]["CallError"] | null;
@@ -739,7 +742,10 @@ export interface components {
              * @description Whether the tool ran and answered. A tool that said no ({"success": false, ...}) is ok, with its refusal in result; false when the call produced no answer (error says why; the state is unchanged).
              */
             ok: boolean;
-            /** Result */
+            /**
+             * Result
+             * @description As answered; {"$truncated": "size", "bytes": n} as for arguments.
+             */
             result?: unknown;
             /** Step */
             step: number;
