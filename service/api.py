@@ -289,8 +289,11 @@ async def send_message(session_id: str, body: schemas.MessageRequest, response: 
 
 
 @router.get("/v1/sessions/{session_id}/state", response_model=schemas.StateView, tags=["sessions"])
-async def get_state(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
-    step, view = await engine.state_view(session_id, tenant=who.tenant)
+async def get_state(session_id: str, step: int | None = Query(default=None, ge=0, description=(
+                        "Show the state after this step (0: the initial state) instead of the current one; "
+                        "it is rebuilt by replaying the recorded calls (see fork).")),
+                    who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
+    step, view = await engine.state_view(session_id, step=step, tenant=who.tenant)
     # Already JSON text: re-encoding a large state through the response model would hold the loop again.
     return Response(content=f'{{"step":{step},"state":{view}}}', media_type="application/json")
 
@@ -315,11 +318,13 @@ async def fork_session(session_id: str, request: Request, response: Response,
                        body: schemas.ForkRequest | None = None, key: str | None = IdempotencyKey,
                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> Any:
     n = _group_size(body.n if body else 1, request)
+    step = body.step if body else None
 
     async def run() -> dict[str, Any]:
-        return created_body(await engine.fork(session_id, n=n, tenant=who.tenant))
+        return created_body(await engine.fork(session_id, n=n, step=step, tenant=who.tenant))
 
-    return await _once(request, response, key, "fork", {"session_id": session_id, "n": n}, run, who.tenant)
+    asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {})}
+    return await _once(request, response, key, "fork", asked, run, who.tenant)
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, WorkerPool
-from service import idempotency
+from service import idempotency, rewind
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.fairness import FairGate, NoSlot
@@ -76,6 +76,7 @@ class SessionLimits:
     max_sessions: int = 10_000  # live sessions (forks included) per tenant
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
+    rewind_budget: float = 30.0  # replaying steps to show or fork a past state
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
     max_tenant_bytes: int = 1 << 30  # what one tenant's sessions and catalog records may store
     sandbox_reserve: int = 0  # sandbox workers kept for tenants that hold none (see FairGate)
@@ -446,11 +447,15 @@ class Sessions:
             raise LimitExceeded(str(exc), field="arguments", limit=exc.limit, value=exc.value) from exc
         return problem or _unicode_problem(arguments)
 
-    async def state_view(self, session_id: str, *, tenant: str = "") -> tuple[int, str]:
-        """The step and the state's JSON view as JSON text (built off the event loop when large)."""
-        snap = await self.snapshot(session_id, tenant=tenant)
+    async def state_view(self, session_id: str, *, step: int | None = None, tenant: str = "") -> tuple[int, str]:
+        """The step and the state's JSON view as JSON text (built off the event loop when large);
+        with ``step``, the state after that step (0: the initial state)."""
+        snap = await self.snapshot(session_id, tenant=tenant, trajectory=step is not None)
+        state = snap.state
+        if step is not None and step != snap.meta.step:
+            state = await self._state_at(snap, step, tenant)
         try:
-            return snap.meta.step, await self.offload.state_view(snap.state)
+            return snap.meta.step if step is None else step, await self.offload.state_view(state)
         except ViewError as exc:
             raise LimitExceeded(f"{exc}; read the state through the tools instead", limit="state_view") from exc
 
@@ -483,9 +488,13 @@ class Sessions:
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks}
 
-    async def fork(self, session_id: str, *, n: int = 1, tenant: str = "") -> Created:
-        """``n`` independent copies of the session at its current step (all or none)."""
-        snap = await self.snapshot(session_id, tenant=tenant, blobs=False)
+    async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "") -> Created:
+        """``n`` independent copies of the session at its current step, or at ``step`` (0: the
+        initial state) with the trajectory's first ``step`` steps (all or none)."""
+        past = step is not None
+        snap = await self.snapshot(session_id, tenant=tenant, blobs=past, trajectory=past)
+        if step is not None and step != snap.meta.step:
+            return await self._fork_at(snap, n, step, tenant)
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         now = time.time()
@@ -497,6 +506,38 @@ class Sessions:
                 raise NotFound(f"session '{session_id}' not found (it may have expired)")
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
+
+    async def _fork_at(self, snap: Snapshot, n: int, step: int, tenant: str) -> Created:
+        env = await self.environment_of(snap)
+        scenario = await self.scenario_of(snap)
+        state = await self._state_at(snap, step, tenant)
+        records = snap.trajectory[:step]
+        done = any(json.loads(r).get("done") is True for r in records)
+        now = time.time()
+        metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=snap.meta.session_id,
+                         step=step, done=done) for _ in range(n)]
+        async with self._admitted(tenant, [m.session_id for m in metas]):
+            await self._store(self.store.create_group(metas, state, snap.initial, records))
+        self.metrics.sessions.labels("fork").inc(n)
+        return Created(metas, env, scenario)
+
+    async def _state_at(self, snap: Snapshot, step: int, tenant: str) -> str:
+        """The state after ``step``, replayed from the initial state (see ``service.rewind``)."""
+        if not 0 <= step <= snap.meta.step:
+            raise InvalidRequest(f"step {step} is not a step of this session: it is at step {snap.meta.step} "
+                                 "(0 is the initial state)", field="step")
+        env = await self.environment_of(snap)
+        budget = self.limits.rewind_budget
+        try:
+            async with self._sandbox_slot(tenant):
+                return await rewind.state_at(self.pool, env_code(env), snap.initial, snap.trajectory[:step], budget)
+        except rewind.NotReplayable as exc:
+            raise Conflict(f"the state after step {step} cannot be rebuilt: {exc}", field="step") from exc
+        except rewind.RewindBudget as exc:
+            raise LimitExceeded(f"{exc}: fork at a later step, or raise the budget", limit="rewind_budget",
+                                value=budget) from exc
+        except SandboxError as exc:
+            raise Unavailable(exc.message) from exc
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)

@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
                                   "a larger state diff is summarised.")
     score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
+    rewind_budget: float = Field(default=30.0, gt=0, description="Seconds replaying a session's steps may take, to "
+                                 "show or fork the state after a past step.")
     tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
                                         "tenant may hold at once.")
     max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
@@ -106,7 +108,8 @@ class Settings(BaseSettings):
 
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
-                             score_budget=self.score_budget, tenant_sandbox_share=self.tenant_sandbox_share,
+                             score_budget=self.score_budget, rewind_budget=self.rewind_budget,
+                             tenant_sandbox_share=self.tenant_sandbox_share,
                              max_tenant_bytes=self.max_tenant_bytes, sandbox_reserve=self.sandbox_reserve)
 
     def connection_bounds(self) -> ConnectionBounds:

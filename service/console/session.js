@@ -32,15 +32,18 @@ function diffView(diff) {
   return items.length ? h("ul", { class: "diff", "aria-label": "state diff" }, items) : h("p", { class: "muted" }, "no state change");
 }
 
-function stepView(step) {
+// ``forkHere(step)`` makes a new session at the state after that step (the button on each step).
+function stepView(step, forkHere) {
+  const here = h("button", { type: "button", class: "fork-here", title: `a new session at the state after step ${step.step}`,
+    onclick: () => forkHere(step.step) }, "Fork here");
   if (step.kind === "message") {
-    return h("li", { class: "step message" }, h("h4", {}, `#${step.step} message`),
+    return h("li", { class: "step message" }, h("h4", {}, `#${step.step} message `, here),
       h("p", {}, h("strong", {}, "Agent: "), step.content), h("p", {}, h("strong", {}, "User: "), step.reply),
       step.done ? h("p", { class: "muted" }, "the user ended the conversation") : "");
   }
   const o = outcome(step);
   return h("li", { class: `step ${o.cls}` },
-    h("h4", {}, `#${step.step} `, h("code", {}, step.name), ` ${o.mark}`),
+    h("h4", {}, `#${step.step} `, h("code", {}, step.name), ` ${o.mark} `, here),
     h("details", {}, h("summary", {}, "arguments"), json(step.arguments)),
     step.ok ? h("details", {}, h("summary", {}, "result"), json(step.result)) : "",
     o.text ? h("p", { class: o.cls === "failed" ? "error" : "refusal" }, o.text) : "",
@@ -105,6 +108,14 @@ export async function sessionView(main, sessionId) {
   let shown = 0;
   let trajectoryTab = null;
 
+  // A fork at the current step (null) or at a past one, opened at once.
+  async function forkAt(step) {
+    try {
+      const forked = await post(`${base}/fork`, step === null ? { n: 1 } : { n: 1, step });
+      location.hash = `#/session/${enc(forked.session_ids?.[0] ?? forked.session_id)}`;
+    } catch (e) { actions.append(errorBox(e)); }
+  }
+
   async function refresh() {
     const view = await get(`${base}/state`);
     stateBox.replaceChildren(tree(view.state, "", "state"));
@@ -112,7 +123,7 @@ export async function sessionView(main, sessionId) {
       const page = await get(`${base}/trajectory?offset=${shown}&limit=50`);
       for (const step of page.steps) {
         steps.set(step.step, step);
-        timeline.append(stepView(step));
+        timeline.append(stepView(step, forkAt));
         if (step.kind === "message") {
           chat.append(h("li", { class: "msg assistant" }, h("strong", {}, "You: "), step.content),
             h("li", { class: "msg user" }, h("strong", {}, "User: "), step.reply));
@@ -145,12 +156,7 @@ export async function sessionView(main, sessionId) {
     } }, h("label", { for: "message" }, "Message to the user"), input, h("button", { type: "submit" }, "Send")));
   }
 
-  const fork = h("button", { type: "button", onclick: async () => {
-    try {
-      const forked = await post(`${base}/fork`, { n: 1 });
-      location.hash = `#/session/${enc(forked.session_ids?.[0] ?? forked.session_id)}`;
-    } catch (e) { actions.append(errorBox(e)); }
-  } }, "Fork");
+  const fork = h("button", { type: "button", onclick: () => forkAt(null) }, "Fork");
   const remove = h("button", { type: "button", class: "danger", onclick: async () => {
     // Deleting cannot be undone, and forks of this session stay alive: say both before doing it.
     if (!window.confirm(`Delete session ${sessionId}? Its state and trajectory are gone for good; its forks stay.`)) return;

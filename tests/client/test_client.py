@@ -104,6 +104,20 @@ def test_fork_copies_state_and_parent(ef: Client) -> None:
     assert ef.state(child.session_id).state == ef.state(sid).state
 
 
+def test_fork_and_state_go_back_to_any_step(ef: Client) -> None:
+    sid = ef.create_session("lib-001").session_id
+    initial = ef.state(sid)
+    ef.call(sid, "return_book", {"loan_id": "L0003"})
+    ef.call(sid, "return_book", {"loan_id": "L0004"})
+    assert ef.state(sid, step=0).state == initial.state and ef.state(sid, step=0).step == 0
+    back = ef.fork(sid, step=1, n=2)
+    assert len(back.session_ids) == 2
+    assert ef.state(back.session_id).step == 1 and ef.state(back.session_id).state == ef.state(sid, step=1).state
+    with pytest.raises(InvalidRequest) as future:
+        ef.fork(sid, step=3)
+    assert future.value.status == 422
+
+
 def test_problems_become_typed_exceptions_with_fields(ef: Client) -> None:
     with pytest.raises(NotFound) as missing:
         ef.get_scenario("no-such-scenario")

@@ -20,9 +20,9 @@ from envfoundry_client.signatures import tool_function
 from transformers.utils import get_json_schema
 
 from tests.client.agent_scripts import LIB_001_OPENING, LIB_001_USER
-from tests.scripted_openai import Running
 from tests.client.test_rollout import task
 from tests.conftest import Server
+from tests.scripted_openai import Running
 
 
 def types_of(schema: dict[str, Any]) -> set[str]:

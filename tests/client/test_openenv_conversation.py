@@ -8,9 +8,9 @@ from typing import Any
 from websockets.sync.client import connect
 
 from tests.client.agent_scripts import LIB_001_OPENING, LIB_001_USER
-from tests.scripted_openai import Running
 from tests.client.test_rollout import task
 from tests.conftest import Server
+from tests.scripted_openai import Running
 
 
 def exchange(ws: Any, message: dict[str, Any]) -> dict[str, Any]:

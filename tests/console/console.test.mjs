@@ -120,7 +120,7 @@ try {
   await page.getByRole("tab", { name: /^Tools/ }).click();
   ok("the trajectory tab lists every step with its diff, and the state tab shows the state");
 
-  await page.getByRole("button", { name: "Fork" }).click();
+  await page.getByRole("button", { name: "Fork", exact: true }).click();
   await page.waitForURL((u) => !u.hash.endsWith(encodeURIComponent(sessionId)) && u.hash.startsWith("#/session/"));
   const forkId = decodeURIComponent(page.url().split("#/session/")[1]);
   await page.getByText(`Reward 1.00 (${total}/${total})`).waitFor();
@@ -128,6 +128,20 @@ try {
   assert.equal(await page.locator(".timeline > li").count(), SCENARIO.reference_solution.length);
   await shot("04-fork");
   ok(`fork opens the copy (${forkId}) with the same trajectory and score`);
+
+  // Back to a past step: "Fork here" on the first step opens a session at the state after it.
+  await page.getByRole("tab", { name: /^Trajectory/ }).click();
+  await page.locator(".timeline > li").first().getByRole("button", { name: "Fork here" }).click();
+  await page.waitForURL((u) => !u.hash.endsWith(encodeURIComponent(forkId)) && u.hash.startsWith("#/session/"));
+  await page.getByRole("tab", { name: "Trajectory (1)" }).waitFor();
+  const rewoundId = decodeURIComponent(page.url().split("#/session/")[1]);
+  const rewound = await (await fetch(`${URL_OPEN}/v1/sessions/${encodeURIComponent(rewoundId)}`)).json();
+  assert.equal(rewound.steps, 1, "the session made at step 1 holds one step");
+  await shot("04b-fork-here");
+  ok("Fork here on step 1 opens a session at that step, with its one step");
+  await page.goBack();
+  await page.getByText(`forked from`).waitFor();
+  await page.getByRole("tab", { name: /^Tools/ }).click();
 
   // A tool that says no answered the call: the console shows a refusal, not a success and not a failure.
   const renew = page.locator('form[data-tool="renew_loan"]');

@@ -173,8 +173,9 @@ export class EnvfoundryClient {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/messages`, { json: body, headers: keyed(once) });
   }
 
-  state(sessionId: string): Promise<StateView> {
-    return this.json("GET", `/v1/sessions/${seg(sessionId)}/state`);
+  /** The current state, or with `step` the state after that step (0: the initial state). */
+  state(sessionId: string, step?: number): Promise<StateView> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/state${query({ step })}`);
   }
 
   /** A page of steps (`offset` 0 and the service's largest page by default) with the whole `total`. */
@@ -187,7 +188,8 @@ export class EnvfoundryClient {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/score`);
   }
 
-  /** New, independent sessions (`n`, default 1) with a copy of the state and trajectory. */
+  /** New, independent sessions (`n`, default 1) with a copy of the state and trajectory; with
+   * `step`, at the state after that step with the trajectory's first `step` steps. */
   fork(sessionId: string, body?: ForkRequest, once?: Once): Promise<SessionCreated> {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/fork`, { json: body, headers: keyed(once) });
   }
@@ -241,10 +243,11 @@ export class EnvfoundryClient {
   }
 }
 
-function query(page: { offset?: number; limit?: number }): string {
+function query(values: Record<string, number | undefined>): string {
   const params = new URLSearchParams();
-  if (page.offset !== undefined) params.set("offset", String(page.offset));
-  if (page.limit !== undefined) params.set("limit", String(page.limit));
+  for (const [name, value] of Object.entries(values)) {
+    if (value !== undefined) params.set(name, String(value));
+  }
   return params.size ? `?${params}` : "";
 }
 

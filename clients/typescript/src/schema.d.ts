@@ -443,6 +443,11 @@ export interface components {
              * @default 1
              */
             n?: number;
+            /**
+             * Step
+             * @description Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; by default the current step. A past state is rebuilt by replaying the recorded calls from the initial state; a step that answers otherwise when run again (an environment that does not repeat itself) is 409 naming it. A step after the current one is 422.
+             */
+            step?: number | null;
         };
         /** Health */
         Health: {
@@ -2949,7 +2954,10 @@ export interface operations {
     };
     get_state_v1_sessions__session_id__state_get: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Show the state after this step (0: the initial state) instead of the current one; it is rebuilt by replaying the recorded calls (see fork). */
+                step?: number | null;
+            };
             header?: never;
             path: {
                 session_id: string;

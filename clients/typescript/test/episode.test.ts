@@ -64,6 +64,15 @@ describe("the typed client against a live server", () => {
 
     await client.deleteSession(fork.session_id);
     await assert.rejects(client.getSession(fork.session_id), NotFoundError);
+
+    // back to any step: a past state, and a fork there with the first steps of the trajectory
+    const afterFirst = await client.state(session.session_id, 1);
+    assert.equal(afterFirst.step, 1);
+    const rewound = await client.fork(session.session_id, { step: 1 });
+    assert.deepEqual(await client.state(rewound.session_id), afterFirst);
+    assert.equal((await client.trajectory(rewound.session_id)).total, 1);
+    assert.equal((await client.getSession(session.session_id)).steps, solution.length);
+    await client.deleteSession(rewound.session_id);
     await client.deleteSession(session.session_id);
   });
 

@@ -187,9 +187,11 @@ def send_message(session_id: str, content: str, *, idempotency_key: str | None =
                      {"content": content}, idempotency_key=_key(idempotency_key))
 
 
-def state(session_id: str) -> Operation[StateView]:
-    """The session's state as JSON, with the step it belongs to."""
-    return _get(f"/v1/sessions/{_seg(session_id)}/state", StateView.from_json)
+def state(session_id: str, *, step: int | None = None) -> Operation[StateView]:
+    """The session's state as JSON, with the step it belongs to; with ``step``, the state after that
+    step (0: the initial state), rebuilt by replaying the recorded calls."""
+    return _get(f"/v1/sessions/{_seg(session_id)}/state", StateView.from_json,
+                None if step is None else {"step": step})
 
 
 def trajectory(session_id: str, *, offset: int = 0, limit: int | None = None) -> Operation[TrajectoryPage]:
@@ -207,10 +209,14 @@ def score(session_id: str) -> Operation[Score]:
     return Operation("POST", f"/v1/sessions/{_seg(session_id)}/score", Score.from_json, safe=True)
 
 
-def fork(session_id: str, *, n: int = 1, idempotency_key: str | None = None) -> Operation[Session]:
-    """``n`` independent copies of a session (state and trajectory), all or none."""
+def fork(session_id: str, *, n: int = 1, step: int | None = None,
+         idempotency_key: str | None = None) -> Operation[Session]:
+    """``n`` independent copies of a session (state and trajectory), all or none; with ``step``, at
+    the state after that step (0: the initial state) with the trajectory's first ``step`` steps.
+    A step that answers otherwise when replayed is a ``Conflict`` naming it."""
+    body: dict[str, Any] = {**({"n": n} if n != 1 else {}), **({"step": step} if step is not None else {})}
     return Operation("POST", f"/v1/sessions/{_seg(session_id)}/fork", Session.from_json,
-                     {"n": n} if n != 1 else None, status=201, idempotency_key=_key(idempotency_key))
+                     body or None, status=201, idempotency_key=_key(idempotency_key))
 
 
 def delete_session(session_id: str) -> Operation[None]:
