@@ -517,7 +517,8 @@ class Sessions:
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=snap.meta.session_id,
                          step=step, done=done) for _ in range(n)]
         async with self._admitted(tenant, [m.session_id for m in metas]):
-            await self._store(self.store.create_group(metas, state, snap.initial, records))
+            await self._store(self._quota(self.store.create_group(metas, state, snap.initial, records,
+                                                                  quota=self.limits.max_tenant_bytes)))
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 
