@@ -218,6 +218,9 @@ class WorkerPool:
             self._busy.add(slot)
             try:
                 await self._roundtrip(worker, {"op": "ping"}, GUARD_MARGIN)
+            except asyncio.CancelledError:  # the pool is closing: this worker is not idle for it to end
+                await worker.channel.kill()
+                raise
             except (TimeoutError, protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError):
                 log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
                 self._replace(worker)
@@ -256,10 +259,11 @@ class WorkerPool:
 
     async def close(self) -> None:
         self._closed = True
-        if self._pinger is not None:
-            self._pinger.cancel()
-        if self._ender is not None:
-            self._ender.cancel()
+        background = [task for task in (self._pinger, self._ender) if task is not None]
+        for task in background:
+            task.cancel()
+        # a ping in flight ends its worker as it is cancelled: wait for that before the backend goes
+        await asyncio.gather(*background, return_exceptions=True)
         for task in list(self._pending):
             task.cancel()
         while self._idle:

@@ -465,8 +465,8 @@ class Runtime:
         return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, cap)}
 
     def unprepared(self) -> bool:
-        """Whether a host has no ready fork (``prepare`` would make one)."""
-        return any(not host.ready for host in self.hosts.values())
+        """Whether a host or template has no ready fork (``prepare`` would make one)."""
+        return any(not host.ready for host in (*self.hosts.values(), *self.templates.values()))
 
     def prepare(self) -> None:
         """Between requests (the answer is sent): let each host that handed over its ready fork

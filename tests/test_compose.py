@@ -106,6 +106,7 @@ def _call(http: httpx.Client, sid: str, name: str, arguments: dict[str, Any]) ->
     return dict(response.json())
 
 
+@pytest.mark.timeout(420)  # bringing the stack up and down alone may take minutes on a loaded machine
 def test_an_episode_survives_a_killed_worker_across_two_replicas(stack: dict[str, Any]) -> None:
     auth = {"Authorization": f"Bearer {stack['key']}"}
     first, second = (httpx.Client(base_url=url, timeout=60, headers=auth) for url in stack["urls"])
@@ -145,6 +146,7 @@ def test_an_episode_survives_a_killed_worker_across_two_replicas(stack: dict[str
             raise AssertionError("the killed sandbox container was not replaced")
 
 
+@pytest.mark.timeout(420)
 def test_one_published_port_serves_every_replica(stack: dict[str, Any]) -> None:
     """Clients need one address: the proxy spreads requests over ready replicas sharing Redis."""
     auth = {"Authorization": f"Bearer {stack['key']}"}

@@ -58,6 +58,13 @@ def measure(server: Server, store: redis.Redis, prefix: str) -> Figures:
     pid = server.process.pid
     # A worker recycled by the last cycle is replaced in the background: wait for the pool to be whole.
     proctree.wait_until(lambda: len(proctree.workers(pid)) == WORKERS, 30, "every worker slot filled")
+    # Deleted sessions' processes end as soon as their worker is idle, which is just after the
+    # last answer: count once that is done (the count holds still for a second).
+    counts = [len(proctree.descendants(pid))]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (len(counts) < 5 or len(set(counts[-5:])) > 1):
+        time.sleep(0.25)
+        counts.append(len(proctree.descendants(pid)))
     return Figures(
         rss_kib=proctree.rss_kib(pid),
         fds=proctree.open_descriptors(pid),
