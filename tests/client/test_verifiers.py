@@ -49,6 +49,7 @@ def runs(verifiers_python: Path, ef_server: Server, chat: Running, tmp_path_fact
         "foreign": ["--env.taskset.env-ids", '["library_circulation"]', "--env.taskset.scenario-ids", '["store-001"]'],
         "cut": ["--env.taskset.scenario-ids", '["store-001"]',
                 "--env.agent.harness.id", "envfoundry-verifiers", "--env.agent.harness.max-turns", "1"],
+        "unscripted": ["--env.taskset.scenario-ids", '["lib-002"]'],  # the model answers 404 to this conversation
     }
     argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra]} for name, extra in plan.items()]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
@@ -116,4 +117,15 @@ def test_the_harness_stops_a_rollout_at_its_turn_limit_and_still_scores_it(runs:
     assert len(run["asked"]) == 1  # one turn: the order is placed, never paid
     assert (trace["metrics"]["checks_passed"], trace["metrics"]["checks_total"]) == (2, 3)  # all but the payment
     assert trace["rewards"]["checks"]["score"] == pytest.approx(2 / 3)
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{trace['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_a_failing_model_ends_the_rollout_unscored_and_its_session_is_still_deleted(
+        runs: Runs, ef_server: Server) -> None:
+    run = runs["unscripted"]
+    assert run["exit"] == 0, run  # the eval goes on; the failure is the rollout's
+    (trace,) = played(run)
+    assert not trace["ok"] and trace["stop_condition"] == "provider_error" and trace["rewards"] == {}
+    (error,) = trace["errors"]
+    assert error["type"] == "ProviderError" and error["status_code"] == 404
     assert httpx.get(f"{ef_server.url}/v1/sessions/{trace['info']['envfoundry_session_id']}").status_code == 404

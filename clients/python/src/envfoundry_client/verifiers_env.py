@@ -147,8 +147,8 @@ class EnvfoundryHarness(vf.Harness[EnvfoundryHarnessConfig]):
                 answer = await model.post("/chat/completions", json={
                     "model": ctx.model, "messages": messages, "tools": tools})
                 if answer.status_code != 200:
-                    # a limit or @stop refusing the turn sets the trace's stop condition, and then
-                    # verifiers takes a non-zero exit as expected; anything else is the failure
+                    # the interception has recorded why on the trace (a limit, a @stop, the model's
+                    # own error as a ProviderError); verifiers reads this exit in that light
                     return vf.ProgramResult(1, "", f"model request answered {answer.status_code}: {answer.text}")
                 message = answer.json()["choices"][0]["message"]
                 calls = message.get("tool_calls") or []
