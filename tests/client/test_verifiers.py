@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from service.auth import new_key
 from tests.client.agent_scripts import LIB_001, STORE_001
 from tests.client.test_rollout import task
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, Server, start_server
 from tests.scripted_openai import Running
 
 PEER = Path(__file__).with_name("verifiers_peer.py")
@@ -35,25 +37,41 @@ def verifiers_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(verifiers_python: Path, ef_server: Server, chat: Running, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    """A service that takes only its one key."""
+    key, line = new_key("trainer", ["run"])
+    tmp = tmp_path_factory.mktemp("keyed")
+    (tmp / "keys.txt").write_text(line + "\n")
+    server = start_server(tmp, extra_env={"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys.txt")})
+    yield server, key
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], chat: Running,
+         tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Each run's outcome and episodes (traces.jsonl), by name, with the model requests its conversation made."""
     tmp = tmp_path_factory.mktemp("vf")
     lib, store = task(ef_server, "lib-001"), task(ef_server, "store-001")
     # lib-001: track 0 solves it, track 1 does one part of three; store-001: the solving track, cut short
     chat.script.reset({lib: LIB_001, store: STORE_001[:1]})
-    common = ["envfoundry-verifiers", "--env.taskset.base-url", ef_server.url, "-m", MODEL,
+    common = ["envfoundry-verifiers", "-m", MODEL,
               "--client.base-url", chat.url, "--client.api-key-var", "SCRIPTED_KEY",
               "--push", "False", "--rich", "None", "-o", str(tmp / "outputs")]
-    plan = {
+    plan = {  # the runs are made in this order
         "solve": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],
         "foreign": ["--env.taskset.env-ids", '["library_circulation"]', "--env.taskset.scenario-ids", '["store-001"]'],
         "cut": ["--env.taskset.scenario-ids", '["store-001"]',
                 "--env.agent.harness.id", "envfoundry-verifiers", "--env.agent.harness.max-turns", "1"],
         "unscripted": ["--env.taskset.scenario-ids", '["lib-002"]'],  # the model answers 404 to this conversation
+        "keyed": ["--env.taskset.scenario-ids", '["lib-001"]'],  # the third lib-001 rollout: track 0 again
     }
-    argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra]} for name, extra in plan.items()]
+    keyed_server, key = keyed
+    argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra, "--env.taskset.base-url",
+                                    (keyed_server if name == "keyed" else ef_server).url]}
+            for name, extra in plan.items()]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
-    env.update(HOME=str(tmp), SCRIPTED_KEY="agent-key")  # verifiers keeps its cache and scratch under HOME
+    env.update(HOME=str(tmp), SCRIPTED_KEY="agent-key", ENVFOUNDRY_API_KEY=key)  # verifiers keeps its cache and scratch under HOME
     done = subprocess.run([str(verifiers_python), str(PEER), json.dumps(argv)],
                           capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -62,10 +80,12 @@ def runs(verifiers_python: Path, ef_server: Server, chat: Running, tmp_path_fact
         if line.startswith("RUN "):
             result = json.loads(line[4:])
             traces = tmp / "outputs" / result["name"] / "traces.jsonl"
-            result["episodes"] = [json.loads(e) for e in traces.read_text().splitlines()] if traces.exists() else []
+            result["written"] = traces.read_text() if traces.exists() else ""
+            result["episodes"] = [json.loads(e) for e in result["written"].splitlines()]
             out[result["name"]] = result
     asked = chat.script.agent_requests()
-    out["solve"]["asked"] = [r for r in asked if r.route == lib]
+    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve's, then keyed's
+    out["solve"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:]
     out["cut"]["asked"] = [r for r in asked if r.route == store]
     return out
 
@@ -129,3 +149,13 @@ def test_a_failing_model_ends_the_rollout_unscored_and_its_session_is_still_dele
     (error,) = trace["errors"]
     assert error["type"] == "ProviderError" and error["status_code"] == 404
     assert httpx.get(f"{ef_server.url}/v1/sessions/{trace['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_the_key_from_the_environment_reaches_a_keyed_service_and_no_trace(runs: Runs, keyed: tuple[Server, str]) -> None:
+    server, key = keyed
+    run = runs["keyed"]
+    assert run["exit"] == 0, run
+    (trace,) = played(run)
+    assert trace["ok"] and not trace["errors"] and trace["rewards"]["checks"]["score"] == 1.0
+    assert len(run["asked"]) == 3 and key not in run["written"]
+    assert httpx.post(f"{server.url}/v1/sessions", json={"scenario_id": "lib-001"}).status_code == 401
