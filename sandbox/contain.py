@@ -172,7 +172,17 @@ def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> list[str]:
         _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for folder in [*shared, *sorted(closed)]:
         _mount(None, folder, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _close_terminals()
     return [root for root, _ in kept if _under(root, "/tmp")]
+
+
+def _close_terminals() -> None:
+    """No new pseudo-terminals (they would appear in the host's /dev/pts) and no view of the host's:
+    /dev/ptmx becomes /dev/null and /dev/pts an empty read-only folder."""
+    if os.path.exists("/dev/ptmx"):
+        _mount("/dev/null", "/dev/ptmx", None, MS_BIND)
+    if os.path.isdir("/dev/pts"):
+        _mount("tmpfs", "/dev/pts", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
 
 
 def _under(path: str, folder: str) -> bool:

@@ -42,7 +42,7 @@ STDOUT = 1
 # What the sandbox image holds; its digest is baked into the image as a label.
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
                  "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
-                 "parts.py")
+                 "parts.py", "memory.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -153,7 +153,7 @@ class DockerBackend:
                 self.image,
                 command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),
                          "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes),
-                         "--residents", str(limits.residents)],
+                         "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle)],
                 name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
                 labels=self._labels(),
                 stdin_open=True,

@@ -32,6 +32,7 @@ from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
     TIMEOUT,
+    TOOL_EXCEPTION,
     CappedOutput,
     Deadline,
     Failure,
@@ -40,6 +41,7 @@ from sandbox.forks import (
     WorkerLimits,
     close_inherited,
     describe,
+    detach_standard_streams,
     error,
     finish,
     in_fork,
@@ -71,22 +73,14 @@ def compile_env(key: str, env_id: str, class_name: str, code: str, timeout: floa
     module = types.ModuleType(module_name(key))
     module.__file__ = filename
     sys.modules[module.__name__] = module  # pickle finds the environment's classes here
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = CappedOutput(output_bytes)
-    previous = signal.signal(signal.SIGALRM, _raise_deadline)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        exec(compiled, module.__dict__)
-    except Deadline:
-        raise Failure(TIMEOUT, f"the module took longer than {timeout:g} s to load") from None
+        _within_deadline(lambda: exec(compiled, module.__dict__), timeout, output_bytes, "load")
+    except Failure:
+        raise
     except ImportError as exc:
         raise Failure("import_error", describe(exc)) from None
     except BaseException as exc:
         raise Failure("load_error", describe(exc)) from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.stdout, sys.stderr = saved
     cls = module.__dict__.get(class_name)
     if not isinstance(cls, type):
         raise Failure("missing_class", f"the code defines no class named {class_name!r}")
@@ -134,13 +128,22 @@ class EnvHost:
       has ended (a host may signal nothing but itself, so ending forks is the worker's job)
     - ``{"op": "prepare"}`` -> ``{"ready"}`` once a spare fork is made (the worker asks between
       requests, so the next one does not wait for the fork)
+    - ``{"op": "template", "init_config", "timeout", "max_state_bytes"}`` -> ``{"pid"}`` plus the
+      worker's end of a socket to a new host (a fork of this one) that holds the environment built
+      from ``init_config``; its first frame tells how that went (``{"ok", "digest"}`` or
+      ``{"error"}``). Its forks start as sessions already initialised (see ``start_template``).
+
+    A template holds a scenario's initial state, which every session made from it shares, never a
+    session's data: its forks read their requests from their own pipes, as every fork does.
     """
 
-    def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits) -> None:
+    def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits,
+                 prebuilt: LiveSession | None = None) -> None:
         self.module = module
         self.cls = cls
         self.limits = limits
         self.spare: Spare | None = None
+        self.prebuilt = prebuilt  # the instance every fork starts from, in a template
 
     def serve(self, sock: socket.socket) -> None:
         while True:
@@ -149,6 +152,10 @@ class EnvHost:
                 return
             if message.get("op") == "spare":
                 self._hand_over(sock)
+            elif message.get("op") == "template" and self.prebuilt is None:
+                pid, worker_end = self.start_template(message)
+                channel.send(sock, {"pid": pid}, fds=(worker_end,))
+                os.close(worker_end)
             elif message.get("op") == "finish":
                 status = reap(int(message["pid"]))
                 if message.get("reply"):
@@ -179,14 +186,70 @@ class EnvHost:
         """What a fork runs for ``request`` (built in the fork, from the request it received)."""
         op = request.get("op")
         if op in ("init", "call"):  # a one-off session: what a resident would answer, then exit
-            return lambda: LiveSession(self.module, self.cls).handle(request)[0]
+            return lambda: self.live(request).handle(request)[0]
         if op == "check":
             return functools.partial(_run_check, self.module, request)
         raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
 
     def live(self, request: dict[str, Any]) -> LiveSession:
-        """The instance a session's resident process serves (built in the fork, from its first request)."""
-        return LiveSession(self.module, self.cls)
+        """The instance a session's resident process serves (built in the fork, from its first
+        request, unless this host is a template and holds it built already)."""
+        return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls)
+
+    def start_template(self, message: dict[str, Any]) -> tuple[int, int]:
+        """Fork a template host: it builds the instance of ``message`` within its timeout (else the
+        worker ends it) and then serves forks of itself like any host."""
+        worker_end, template_end = socket.socketpair()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the template
+            try:
+                die_with_parent()
+                if os.getppid() != parent:
+                    os._exit(1)
+                close_inherited(keep=(template_end.fileno(),))
+                os.setpgid(0, 0)
+                detach_standard_streams()
+                live = LiveSession(self.module, self.cls)
+                try:
+                    _within_deadline(lambda: live.prepare(message), float(message.get("timeout", DEFAULT_TIMEOUT)),
+                                     self.limits.output_bytes, "initialise")
+                except Failure as exc:
+                    channel.send(template_end, {"error": error(exc.kind, exc.message)})
+                    os._exit(0)
+                except BaseException as exc:
+                    channel.send(template_end, {"error": error(TOOL_EXCEPTION, describe(exc))})
+                    os._exit(0)
+                channel.send(template_end, {"ok": True, "digest": live.digest})
+                gc.freeze()
+                EnvHost(self.module, self.cls, self.limits, prebuilt=live).serve(template_end)
+            finally:
+                os._exit(0)
+        template_end.close()
+        fd = os.dup(worker_end.fileno())
+        worker_end.close()
+        return pid, fd
+
+
+def _within_deadline(run: Callable[[], Any], timeout: float, output_bytes: int, what: str) -> None:
+    """Run environment code in this long-lived process with capped output, stopped at ``timeout``
+    (SIGALRM): module code as a host loads, a scenario's instance as a template builds it.
+
+    Raises:
+        Failure: kind ``timeout``; anything ``run`` raises passes through.
+    """
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = CappedOutput(output_bytes)
+    previous = signal.signal(signal.SIGALRM, _raise_deadline)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        run()
+    except Deadline:
+        raise Failure(TIMEOUT, f"the environment took longer than {timeout:g} s to {what}") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.stdout, sys.stderr = saved
 
 
 def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, Any]:
@@ -258,7 +321,7 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
             close_inherited(keep=(host_end.fileno(),))
             os.setpgid(0, 0)
             if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
-                seccomp.own_group_signals_only()
+                seccomp.confine_session()
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
             try:
                 module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],

@@ -203,7 +203,7 @@ def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, a
     """
     try:
         os.setpgid(0, 0)
-        _detach_standard_streams()
+        detach_standard_streams()
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")
     except OSError:
@@ -296,6 +296,11 @@ def end(pid: int, pidfd: int, deadline: float | None) -> bool:
     return overran
 
 
+def exited_by(pid: int, pidfd: int, deadline: float) -> bool:
+    """Wait until the fork pinned by ``pidfd`` has exited (its memory is freed then), or ``deadline``."""
+    return _exits_by(pid, deadline, pidfd)
+
+
 def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap: int) -> dict[str, Any]:
     """The error for a fork that did not answer, from how it ended."""
     if outcome == "timeout" or overran:
@@ -347,9 +352,9 @@ def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, lim
     close_inherited(keep=(write_fd,))
     try:
         os.setpgid(0, 0)
-        _detach_standard_streams()
+        detach_standard_streams()
         if limits.filtered and restrict_signals:
-            seccomp.own_group_signals_only()
+            seccomp.confine_session()
         _set_call_limits(timeout, limits)
     except BaseException as exc:
         payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
@@ -396,7 +401,7 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[written:]
 
 
-def _detach_standard_streams() -> None:
+def detach_standard_streams() -> None:
     """Descriptors 0-2 of the process a call is forked from are whatever its (untrusted) module
     code made them, e.g. one end of a socket to a thread it left running: never inherit them."""
     null = os.open(os.devnull, os.O_RDWR)

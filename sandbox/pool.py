@@ -12,7 +12,8 @@ import asyncio
 import itertools
 import json
 import logging
-from collections import Counter, deque
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,17 +25,17 @@ log = logging.getLogger("envfoundry.sandbox")
 
 # The worker enforces call timeouts itself; this margin only catches a worker that hangs.
 GUARD_MARGIN = 5.0
-# Memory a worker may use beyond the per-call limit (itself, its environment hosts, the fork's
-# copy): the size of its memory cgroup or container is ``memory_mb`` plus this.
+# Memory a worker may use beyond the per-call limit and its live sessions (itself, its
+# environment hosts, the fork's copy).
 WORKER_MEMORY_OVERHEAD_MB = 128
-# What one live session's process adds (its private pages; about 3 MB at a 4 KB state). Past the
-# cgroup's size the kernel ends residents first (they ask to be), and their sessions go cold.
-RESIDENT_MB = 4
 
 
 def worker_memory_mb(limits: Limits) -> int:
-    """The size of one worker's memory cgroup or container."""
-    return limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB + RESIDENT_MB * limits.residents
+    """The size of one worker's memory cgroup or container: one call at its limit, the machinery,
+    and ``resident_memory_mb`` for live sessions. The worker measures what the group holds after
+    every request and ends the least recently used live sessions while less than one call's limit
+    is left, so a call never meets a full group because of other sessions."""
+    return limits.memory_mb + WORKER_MEMORY_OVERHEAD_MB + limits.resident_memory_mb
 # A request for a session whose worker is busy waits this long for it before taking another free
 # worker (where the session's state must then be decoded again).
 STEAL_AFTER = 0.05
@@ -46,6 +47,10 @@ CALL_ERRORS = frozenset(
     {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
 )
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
+# How often a worker is asked for its memory figures (on a request it serves anyway).
+STATS_EVERY = 1.0
+# Encoded initial states kept by template (least recently used out first), in characters.
+INITIAL_CACHE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,9 @@ class Limits:
     output_bytes: int = 1 << 20
     result_bytes: int = 1 << 20
     state_bytes: int = 16 << 20
-    residents: int = 32  # live sessions each worker keeps (see sandbox.runtime)
+    residents: int = 32  # live sessions each worker keeps at most (see sandbox.runtime)
+    resident_memory_mb: int = 512  # memory a worker's live sessions may hold, measured
+    resident_idle: float = 600.0  # seconds an unused live session keeps its process
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,26 @@ class Worker:
     containment: dict[str, Any]
     loaded: set[str] = field(default_factory=set)
     requests: int = 0
+
+
+@dataclass
+class Ending:
+    """What a worker must end before its next request: live sessions, and whole environments."""
+
+    sessions: set[str] = field(default_factory=set)
+    envs: set[str] = field(default_factory=set)
+
+
+@dataclass
+class WorkerMemory:
+    """What a worker last said of its memory (see ``sandbox.runtime.Runtime.memory``)."""
+
+    live: int = 0
+    templates: int = 0  # initial states kept built (see ``init_state``)
+    live_bytes: int = 0
+    used: int | None = None
+    limit: int | None = None
+    evicted: int = 0  # live sessions ended for room, over every worker that held the slot
 
 
 @dataclass
@@ -151,6 +178,13 @@ class WorkerPool:
         self._pinger: asyncio.Task[None] | None = None
         self._recheck: asyncio.TimerHandle | None = None
         self._closed = False
+        self._ending: dict[int, Ending] = {}
+        self._ender: asyncio.Task[None] | None = None
+        self.memory: dict[int, WorkerMemory] = {}
+        self._evicted_before: Counter[int] = Counter()  # by workers of the slot that were replaced
+        self._stats_at: dict[int, float] = {}
+        self._initial: OrderedDict[str, tuple[str, str]] = OrderedDict()  # template -> (digest, state)
+        self._initial_bytes = 0
 
     async def start(self) -> None:
         await self.backend.start()
@@ -172,18 +206,48 @@ class WorkerPool:
     async def _ping_idle(self) -> None:
         while not self._closed:
             await asyncio.sleep(PING_EVERY)
-            for slot in list(self._idle):
-                worker = self._idle.pop(slot, None)
-                if worker is None:
-                    continue
-                self._busy.add(slot)
-                try:
-                    await self._roundtrip(worker, {"op": "ping"}, GUARD_MARGIN)
-                except (TimeoutError, protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError):
-                    log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
-                    self._replace(worker)
-                else:
-                    self._put(worker)
+            await self._ping(list(self._idle))
+
+    async def _ping(self, slots: list[int]) -> None:
+        """Ping these workers if they are idle (what they must end rides along)."""
+        for slot in slots:
+            worker = self._idle.pop(slot, None)
+            if worker is None:
+                continue
+            self._busy.add(slot)
+            try:
+                await self._roundtrip(worker, {"op": "ping"}, GUARD_MARGIN)
+            except (TimeoutError, protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError):
+                log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
+                self._replace(worker)
+            else:
+                self._put(worker)
+
+    async def measure(self) -> dict[int, WorkerMemory]:
+        """Ask every idle worker for its memory figures now (busy ones report as they answer)."""
+        for slot in list(self._idle):
+            self._stats_at[slot] = 0.0
+        await self._ping(list(self._idle))
+        return dict(self.memory)
+
+    # -- ending what was deleted ---------------------------------------------------------
+    def end_session(self, session: str) -> None:
+        """The session is gone (deleted or expired): its live process ends, on whichever worker
+        holds one, at once if that worker is idle, else before its next request."""
+        self._unhome(session)
+        for slot in range(self.size):
+            self._ending.setdefault(slot, Ending()).sessions.add(session)
+        self._end_soon()
+
+    def unload(self, key: str) -> None:
+        """The environment with code hash ``key`` was deleted: every process of it ends."""
+        for slot in range(self.size):
+            self._ending.setdefault(slot, Ending()).envs.add(key)
+        self._end_soon()
+
+    def _end_soon(self) -> None:
+        if self._ender is None or self._ender.done():
+            self._ender = asyncio.get_running_loop().create_task(self._ping(list(self._ending)))
 
     @property
     def idle(self) -> int:
@@ -193,6 +257,8 @@ class WorkerPool:
         self._closed = True
         if self._pinger is not None:
             self._pinger.cancel()
+        if self._ender is not None:
+            self._ender.cancel()
         for task in list(self._pending):
             task.cancel()
         while self._idle:
@@ -286,6 +352,8 @@ class WorkerPool:
         """Kill ``worker`` and start another in its slot in the background."""
         self.replaced += 1
         self._busy.discard(worker.slot)
+        self._ending.pop(worker.slot, None)  # a new worker holds nothing
+        self._evicted_before[worker.slot] = self.memory.pop(worker.slot, WorkerMemory()).evicted
         for session in [s for s, (slot, _) in self._homes.items() if slot == worker.slot]:
             self._unhome(session)
 
@@ -317,11 +385,26 @@ class WorkerPool:
 
     async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
         message["id"] = next(self._ids)
+        ending = self._ending.pop(worker.slot, None)
+        if ending is not None:
+            message["ending"] = {"sessions": sorted(ending.sessions), "envs": sorted(ending.envs)}
+            worker.loaded -= ending.envs
+        now = time.monotonic()
+        if now - self._stats_at.get(worker.slot, 0.0) >= STATS_EVERY:
+            message["stats"] = True
+            self._stats_at[worker.slot] = now
         await worker.channel.send(protocol.encode_frame(message))
         async with asyncio.timeout(guard):  # (no task per request, unlike wait_for)
             answer: dict[str, Any] = protocol.decode_body(await worker.channel.receive())
         if answer.get("id") != message["id"]:
             raise protocol.ProtocolError("answer does not match the request")
+        reported = answer.pop("memory", None)
+        if isinstance(reported, dict):
+            self.memory[worker.slot] = WorkerMemory(
+                live=int(reported.get("live") or 0), templates=int(reported.get("templates") or 0),
+                live_bytes=int(reported.get("live_bytes") or 0),
+                used=reported.get("used"), limit=reported.get("limit"),
+                evicted=self._evicted_before[worker.slot] + int(reported.get("evicted") or 0))
         return answer
 
     async def request(self, message: dict[str, Any], env: EnvCode | None, timeout: float) -> dict[str, Any]:
@@ -387,23 +470,49 @@ class WorkerPool:
             return {"kind": failure["kind"], "message": failure["message"]}
         return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
-    async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None) -> str:
-        """The encoded initial state; with ``session``, the worker keeps the instance live for its calls."""
+    async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None,
+                         template: str | None = None) -> str:
+        """The encoded initial state; with ``session``, the worker keeps the instance live for its calls.
+
+        With ``template`` (a key the caller makes for one initial state: same environment code,
+        same ``init_config``, same tenant), each worker builds that instance once and starts later
+        sessions as forks of it, and the encoded state it made is kept here by its digest, so a
+        session made from it costs neither building nor encoding the state, whatever its size.
+        """
         message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes}
+        cached = self._initial.get(template) if template is not None else None
+        if template is not None:
+            message["template"] = template
+            if cached is not None:
+                message["known"] = cached[0]
         if session is not None:
             message.update(session=session, next_version=0)
             self._unhome(session)
         answer, slot = await self._request(message, env, self.limits.call_timeout, None)
-        state = answer.get("state")
-        if not isinstance(state, str):
-            raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
-        problem = _state_problem(state, self.limits.state_bytes)
-        if problem:
-            raise RequestFailed("sandbox_error", f"the init process sent {problem}")
+        state, digest = answer.get("state"), answer.get("digest")
+        if state is None and cached is not None and digest == cached[0] and template is not None:
+            state = cached[1]
+            self._initial.move_to_end(template)
+        else:
+            if not isinstance(state, str):
+                raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
+            problem = _state_problem(state, self.limits.state_bytes)
+            if problem:
+                raise RequestFailed("sandbox_error", f"the init process sent {problem}")
+            if template is not None and isinstance(digest, str):
+                self._keep_initial(template, digest, state)
         if session is not None:
             self._home(session, slot, 0)
         return state
+
+    def _keep_initial(self, template: str, digest: str, state: str) -> None:
+        self._initial.pop(template, None)
+        self._initial[template] = (digest, state)
+        self._initial_bytes = sum(len(text) for _, text in self._initial.values())
+        while self._initial_bytes > INITIAL_CACHE_BYTES and len(self._initial) > 1:
+            _, (_, dropped) = self._initial.popitem(last=False)
+            self._initial_bytes -= len(dropped)
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""

@@ -143,7 +143,7 @@ class ProcessBackend:
             "--processes", str(limits.processes),
             "--tmp-mb", str(limits.tmp_mb),
             "--output-bytes", str(limits.output_bytes),
-            "--residents", str(limits.residents),
+            "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle),
             *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
             *(() if self.contain else ("--no-contain",)),
             stdin=asyncio.subprocess.PIPE,

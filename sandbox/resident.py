@@ -14,6 +14,7 @@ stored), and the worker then ends the process. Standard library only.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import types
@@ -88,9 +89,23 @@ class LiveSession:
         self.print: bytes | None = None  # its fingerprint
         self.shown: Any = None  # its view, once a diff needed it
         self.parts: Parts | None = None  # its encoding part by part, while it is a tree
+        self.digest = ""  # of ``text``, for an instance built ahead of its sessions (a template)
+
+    def prepare(self, request: dict[str, Any]) -> None:
+        """Build the instance of ``request`` (an ``init``) ahead of the sessions that will start from
+        it: each is a fork of this process, whose ``init`` then costs nothing.
+
+        Raises:
+            Failure: the environment failed to initialise, or its state cannot be stored.
+        """
+        self._init(request)
+        self.digest = hashlib.sha256(self.text.encode()).hexdigest()
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Answer ``request`` (``init``, or ``call`` with ``state`` when the instance must be rebuilt)."""
+        if request.get("op") == "init" and self.digest:  # built ahead: the service may know the text
+            known = request.get("known") == self.digest
+            return {"state": None if known else self.text, "digest": self.digest}, True
         if request.get("op") == "init":
             return self._init(request), True
         if "state" in request:

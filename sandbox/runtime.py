@@ -11,6 +11,9 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
 - ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
 - ``ping``      {}                               -> {ok}
+Any request may carry ``ending`` {sessions, envs}: first, the live processes of these sessions
+end, and every process of these environments (the service deleted them); and ``stats``: the
+answer then carries ``memory`` (see ``Runtime.memory``).
 
 Processes: the worker forks one clean *zygote* before it reads any request; the zygote forks a
 *host* per environment, which runs the module code once and keeps a ready fork of itself. For
@@ -26,7 +29,9 @@ Everything a fork answers is checked and only the fields of the request's kind p
 A resident runs only while its own session's request is served: it is stopped (SIGSTOP) the
 moment it has answered, and ended as soon as a call may have changed its instance without the
 change being answered (a tool raised, timed out, ran out of memory or printed too much), or when
-its host goes, it is the least recently used one past ``max_residents``, or it idled too long.
+its host goes, it is the least recently used one past ``max_residents``, it idled too long, its
+session or environment was deleted, or the worker's memory (measured from its cgroup after every
+request) leaves less room than one call may take: then the least recently used go first.
 
 Standard library only.
 """
@@ -53,9 +58,11 @@ from sandbox.forks import (
     close_inherited,
     end,
     error,
+    exited_by,
     outcome_error,
     read_answer,
 )
+from sandbox.memory import Gauge, share_of
 
 # Environment hosts kept per worker; the least recently used goes first.
 MAX_HOSTS = 16
@@ -70,6 +77,10 @@ HOST_MESSAGE_BYTES = 64 * 1024
 # Live sessions a worker keeps by default, and how long an unused one stays.
 MAX_RESIDENTS = 32
 RESIDENT_IDLE = 600.0
+# Room kept free beyond one call's own memory limit (the worker's own work on its answer).
+MEMORY_SLACK = 32 << 20
+# Scenarios' initial states kept built per worker (templates), least recently used first.
+MAX_TEMPLATES = 8
 NEED_STATE = "need_state"
 # Call errors raised before environment code ran: the resident is still what was stored.
 UNTOUCHED = frozenset({"unknown_tool", "invalid_arguments"})
@@ -86,6 +97,11 @@ class Host:
     used: float = field(default_factory=time.monotonic)
     stopped: list[int] = field(default_factory=list)  # it and what it started, while at rest
     ready: bool = False  # it holds a ready fork (made between requests, see ``prepare``)
+    # A template (a fork of an environment's host holding a scenario's instance built) names that
+    # host: it rests and wakes with it, and ends with it.
+    parent: Host | None = None
+    pidfd: int = -1
+    env: str = ""
 
 
 @dataclass
@@ -100,21 +116,27 @@ class Resident:
     version: int = -1
     used: float = field(default_factory=time.monotonic)
     stopped: list[int] = field(default_factory=list)  # what it started, stopped with it
+    parent: Host | None = None  # the host it is a fork of, which reaps it
 
 
 class Runtime:
     def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
                  own_processes: bool = False, filter_syscalls: bool = True,
-                 max_residents: int = MAX_RESIDENTS) -> None:
+                 max_residents: int = MAX_RESIDENTS, resident_idle: float = RESIDENT_IDLE,
+                 gauge: Gauge | None = None) -> None:
         self.limits = limits
         self.residents: dict[str, Resident] = {}  # by session id, least recently used first
         self.max_residents = max_residents
+        self.resident_idle = resident_idle
+        self.gauge = gauge  # the worker's memory cgroup, when one can be read
+        self.evicted = 0  # live sessions ended to keep room for a call
         self.private_tmp = private_tmp
         # Only in a PID namespace (or container) of its own may the worker stop and kill what it sees.
         self.own_processes = own_processes
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = list(preserve or [])
         self.hosts: dict[str, Host] = {}
+        self.templates: dict[str, Host] = {}  # by environment and template key, least recently used first
         self.sources: dict[str, dict[str, Any]] = {}
         self.unhealthy = False
         self.running: str | None = None  # the environment whose processes may run right now
@@ -171,6 +193,8 @@ class Runtime:
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         try:
+            if isinstance(request.get("ending"), dict):
+                self._end(request["ending"])
             if op == "load":
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
@@ -184,10 +208,11 @@ class Runtime:
                 failure = answer.get("error")
                 if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
                     return {"id": request.get("id"), "error": answer["error"]}
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)))
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)), request.get("known"))
             elif op in ("init", "call"):
-                answer = self._run(self._host(request["env"]), request, _answer_cap(request))
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)))
+                host = self._host(request["env"])
+                answer = self._run(self._template(host, request) or host, request, _answer_cap(request))
+                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)), request.get("known"))
             elif op == "score":
                 response = self._score(request)
             else:
@@ -203,8 +228,27 @@ class Runtime:
             self._scrub()
         if self.unhealthy:
             response["unhealthy"] = True
+        if request.get("stats") is True:
+            response["memory"] = self.memory()
         response["id"] = request.get("id")
         return response
+
+    def memory(self) -> dict[str, Any]:
+        """Live sessions, what their processes hold, the worker's measured memory, evictions."""
+        limit = self.gauge.limit() if self.gauge is not None else None
+        return {"live": len(self.residents), "templates": len(self.templates),
+                "live_bytes": sum(share_of(r.pid) for r in self.residents.values()),
+                "used": self.gauge.used() if self.gauge is not None else None, "limit": limit,
+                "evicted": self.evicted}
+
+    def _end(self, ending: dict[str, Any]) -> None:
+        for session in ending.get("sessions") or ():
+            if session in self.residents:
+                self._end_resident(session)
+        for key in ending.get("envs") or ():
+            self.sources.pop(key, None)
+            if key in self.hosts:
+                self._stop_host(key)
 
     # -- zygote and hosts -----------------------------------------------------------------
     def _zygote(self, message: dict[str, Any], wait: float) -> dict[str, Any]:
@@ -245,6 +289,7 @@ class Runtime:
         and processes that belong to no host (daemons that left their parent) are killed.
         """
         owners = {host.pid: name for name, host in self.hosts.items()}
+        owners.update({template.pid: template.env for template in self.templates.values()})
         keep = {os.getpid(), os.getppid(), self.zygote_pid}
         residents = self._resident_pids()
         for pid, ppid in _processes():
@@ -320,6 +365,10 @@ class Runtime:
             if resident.env == key:  # they die with their host (parent-death signal)
                 del self.residents[session]
                 _release(resident)
+        for name, template in list(self.templates.items()):
+            if template.parent is host:  # and so do its templates
+                del self.templates[name]
+                _close_host(template)
         self._end_host(host)
 
     def _end_host(self, host: Host) -> None:
@@ -331,6 +380,9 @@ class Runtime:
         for key, known in list(self.hosts.items()):
             if known is host:
                 self._stop_host(key)
+        for key, known in list(self.templates.items()):
+            if known is host:
+                self._end_template(key)
 
     # -- running requests in forks --------------------------------------------------------
     def _take_fork(self, host: Host) -> tuple[int, int, int, int] | None:
@@ -343,12 +395,13 @@ class Runtime:
         fds: list[int] | None = None
         pid, pidfd = 0, -1
         host.ready = False
-        self._wake(host)
+        root = host.parent or host  # a template rests and wakes with its environment's host
+        self._wake(root)
         try:
             channel.send(host.sock, {"op": "spare"})
             handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
             if handed is not None and handed.get("unhealthy") is True:
-                self._rest(host)
+                self._rest(root)
                 raise Unhealthy(f"cannot start a call process: {str(handed.get('error'))[:500]}")
             offered = handed.get("pid") if handed else None
             if type(offered) is int and offered > 0:
@@ -364,7 +417,7 @@ class Runtime:
         if fds is None:
             self._drop(host)
             return None
-        self._rest(host, fork=pid)
+        self._rest(root, fork=pid)
         _signal(pid, signal.SIGCONT)  # a spare forked after the host's last rest may since have been stopped
         return pid, pidfd, fds[0], fds[1]
 
@@ -417,11 +470,12 @@ class Runtime:
         """Between requests (the answer is sent): let each host that handed over its ready fork
         make the next one, so a new session does not wait for a fork."""
         woken = False
-        for host in list(self.hosts.values()):
-            if host.ready:
+        for host in [*self.hosts.values(), *self.templates.values()]:
+            if host.ready or host.sock.fileno() < 0:
                 continue
             woken = True
-            self._wake(host)
+            root = host.parent or host
+            self._wake(root)
             try:
                 channel.send(host.sock, {"op": "prepare"})
                 answer = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
@@ -431,7 +485,7 @@ class Runtime:
                 self._drop(host)
                 continue
             host.ready = answer.get("ready") is True
-            self._rest(host)
+            self._rest(root)
         if woken:
             self._scrub()
 
@@ -452,30 +506,114 @@ class Runtime:
             return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
         host = self._host(key)
         if resident is None:
-            try:
-                taken = self._take_fork(host)
-            except Unhealthy:
-                if not self.residents:
-                    raise
-                # Out of processes: the least recently used live sessions give theirs back.
-                for _ in range(max(1, len(self.residents) // 4)):
-                    self._end_resident(next(iter(self.residents)))
-                taken = self._take_fork(host)
-            if taken is None and key in self.sources:
-                host = self._host(key)  # it died since its last use: one fresh start
-                taken = self._take_fork(host)
-            if taken is None:
+            started = self._start_resident(host, request)
+            if started is None:
                 return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
-            resident = Resident(key, *taken)
+            resident = started
         else:
             del self.residents[session]  # back at the end once it answers: least recently used first
-        answer, kept = self._on_resident(host, resident, request, _answer_cap(request))
+        answer, kept = self._on_resident(resident.parent or host, resident, request, _answer_cap(request))
         if kept:
             resident.version, resident.used = int(request.get("next_version", -1)), time.monotonic()
             self.residents[session] = resident
             while len(self.residents) > self.max_residents:
                 self._end_resident(next(iter(self.residents)))
         return answer
+
+    def _start_resident(self, host: Host, request: dict[str, Any]) -> Resident | None:
+        """A fork to become the session's resident: of the scenario's template when the request
+        names one (its instance is built already), else of the environment's host."""
+        key = request["env"]
+        template = self._template(host, request) if request["op"] == "init" else None
+        taken = self._take_fork(template) if template is not None else None
+        if taken is not None and template is not None:
+            return Resident(key, *taken, parent=template)
+        try:
+            taken = self._take_fork(host)
+        except Unhealthy:
+            if not self.residents:
+                raise
+            # Out of processes: the least recently used live sessions give theirs back.
+            for _ in range(max(1, len(self.residents) // 4)):
+                self._end_resident(next(iter(self.residents)))
+            taken = self._take_fork(host)
+        if taken is None and key in self.sources:
+            host = self._host(key)  # it died since its last use: one fresh start
+            taken = self._take_fork(host)
+        return None if taken is None else Resident(key, *taken, parent=host)
+
+    # -- templates ------------------------------------------------------------------------
+    def _template(self, host: Host, request: dict[str, Any]) -> Host | None:
+        """The template host of ``request``'s ``template`` (built now if this worker has none), or
+        None when the request names none or the instance cannot be built ahead (the caller then
+        forks the environment's host, and the init reports what went wrong)."""
+        name = request.get("template")
+        if request.get("op") != "init" or type(name) is not str or not name:
+            return None
+        key = f"{request['env']}:{name}"
+        template = self.templates.pop(key, None)
+        if template is not None and template.sock.fileno() >= 0:
+            template.used = time.monotonic()
+            self.templates[key] = template  # most recently used last
+            return template
+        while len(self.templates) >= MAX_TEMPLATES:
+            self._end_template(next(iter(self.templates)))
+        template = self._build_template(host, request)
+        if template is not None:
+            self.templates[key] = template
+        return template
+
+    def _build_template(self, host: Host, request: dict[str, Any]) -> Host | None:
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        message = {"op": "template", "init_config": request.get("init_config") or {}, "timeout": timeout,
+                   "max_state_bytes": request.get("max_state_bytes", 1 << 24)}
+        template: Host | None = None
+        self._wake(host)
+        try:
+            self._empty_tmp()
+            channel.send(host.sock, message)
+            answer = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+            offered = answer.get("pid") if answer else None
+            fds = channel.receive_fds(host.sock, 1, time.monotonic() + HOST_GUARD) if type(offered) is int else None
+            if fds is None or type(offered) is not int or offered <= 0:
+                for fd in fds or ():
+                    _close(fd)
+                self._rest(host)
+                self._drop(host)  # a host that cannot answer this cannot serve anything
+                return None
+            template = Host(offered, socket.socket(fileno=fds[0]), parent=host, env=request["env"])
+            template.pidfd = os.pidfd_open(offered)  # pinned before the check: the host runs module code
+            if _parent_of(offered) != host.pid:
+                raise OSError(f"the host named {offered}, which is not its child")
+            built = channel.receive(template.sock, time.monotonic() + timeout + HOST_GUARD, HOST_MESSAGE_BYTES)
+            if built is None or built.get("ok") is not True:
+                raise OSError("the scenario's instance could not be built ahead")
+        except OSError:
+            if template is not None:
+                self._end_template_process(template)
+            template = None
+        finally:
+            self._empty_tmp()
+            self._rest(host)
+        return template
+
+    def _end_template(self, key: str, *, wait: bool = False) -> None:
+        """End a template: its forks and the sessions started from it end with it (they were its
+        children); those sessions go cold."""
+        template = self.templates.pop(key)
+        for session, resident in list(self.residents.items()):
+            if resident.parent is template:
+                self._end_resident(session)
+        self._end_template_process(template, wait=wait)
+
+    def _end_template_process(self, template: Host, *, wait: bool = False) -> None:
+        if template.pidfd >= 0:
+            end(template.pid, template.pidfd, None)
+            if wait:
+                exited_by(template.pid, template.pidfd, time.monotonic() + HOST_GUARD)
+        _close_host(template)
+        if template.parent is not None and template.parent.sock.fileno() >= 0:
+            self._finish(template.parent, template.pid, reply=False)
 
     def _on_resident(self, host: Host, resident: Resident, request: dict[str, Any],
                      cap: int) -> tuple[dict[str, Any], bool]:
@@ -524,12 +662,16 @@ class Runtime:
                 resident.stopped.append(pid)
                 todo.extend(_children_of(pid))
 
-    def _end_resident(self, session: str) -> None:
+    def _end_resident(self, session: str, *, wait: bool = False) -> None:
+        """End a session's live process; with ``wait``, only return once it is gone (and its
+        memory with it)."""
         resident = self.residents.pop(session)
         end(resident.pid, resident.pidfd, None)
+        if wait:
+            exited_by(resident.pid, resident.pidfd, time.monotonic() + HOST_GUARD)
         _release(resident)
-        host = self.hosts.get(resident.env)
-        if host is not None:
+        host = resident.parent or self.hosts.get(resident.env)
+        if host is not None and host.sock.fileno() >= 0:
             self._finish(host, resident.pid, reply=False)
 
     def _finish(self, host: Host, pid: int, *, reply: bool) -> int | None:
@@ -541,7 +683,8 @@ class Runtime:
             except OSError:
                 self._drop(host)
             return None
-        self._wake(host)
+        root = host.parent or host
+        self._wake(root)
         try:
             channel.send(host.sock, {"op": "finish", "pid": pid, "reply": True})
             report = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
@@ -551,15 +694,33 @@ class Runtime:
         if report is None or type(status) is not int:
             self._drop(host)
             return None
-        self._rest(host)
+        self._rest(root)
         return status
 
     def _expire_residents(self) -> None:
-        idle = time.monotonic() - RESIDENT_IDLE
+        idle = time.monotonic() - self.resident_idle
         for session, resident in list(self.residents.items()):
             if resident.used > idle:
                 break
             self._end_resident(session)
+        parents = {id(resident.parent) for resident in self.residents.values()}
+        for key, template in list(self.templates.items()):
+            if template.used <= idle and id(template) not in parents:
+                self._end_template(key)
+
+    def _fit_memory(self) -> None:
+        """End the least recently used live sessions while the worker's memory leaves less room
+        than one call may take, so that no running call, new session or worker is ever what the
+        kernel ends when the group is full."""
+        limit = self.gauge.limit() if self.gauge is not None else None
+        if self.gauge is None or limit is None:
+            return
+        room = limit - self.limits.memory_bytes - MEMORY_SLACK
+        while self.residents and self.gauge.used() > room:
+            self._end_resident(next(iter(self.residents)), wait=True)
+            self.evicted += 1
+        while self.templates and self.gauge.used() > room:
+            self._end_template(next(iter(self.templates)), wait=True)
 
     def _score(self, request: dict[str, Any]) -> dict[str, Any]:
         host = self._host(request["env"])
@@ -593,6 +754,7 @@ class Runtime:
         """Leave nothing from this request for the next one."""
         self._expire_residents()
         self._reap()
+        self._fit_memory()
         if not self.private_tmp:
             return
         self._empty_tmp()
@@ -631,11 +793,12 @@ def _processes() -> list[tuple[int, int]]:
     return found
 
 
-def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]:
+def _checked(op: str, answer: dict[str, Any], max_result: int, known: Any = None) -> dict[str, Any]:
     """What the service may see of a fork's answer: only the fields of ``op``, of the right types.
 
     The answer was written by a process that ran environment code, so it may be forged: a field
-    of the worker's own (``unhealthy``) or a result over the limit must never get through.
+    of the worker's own (``unhealthy``) or a result over the limit must never get through. An
+    init from a template may leave out the state the service said it ``known``s by its digest.
     """
     malformed = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
     failure = answer.get("error")
@@ -645,7 +808,12 @@ def _checked(op: str, answer: dict[str, Any], max_result: int) -> dict[str, Any]
             return {"error": error(failure["type"][:100], failure["message"][:4000])}
         return malformed
     if op == "init":
-        return {"state": answer["state"]} if _readable(answer.get("state")) else malformed
+        digest = answer.get("digest")
+        if type(known) is str and answer.get("state") is None and digest == known:
+            return {"state": None, "digest": known}
+        if not _readable(answer.get("state")):
+            return malformed
+        return {"state": answer["state"], **({"digest": digest[:64]} if type(digest) is str else {})}
     if op == "validate":
         found = answer.get("failure")
         if answer.get("ok") is True:
@@ -709,6 +877,12 @@ def _children_of(pid: int) -> list[int]:
 def _parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _close_host(host: Host) -> None:
+    host.sock.close()
+    _close(host.pidfd)
+    host.pidfd = -1
 
 
 def _close(fd: int) -> None:

@@ -8,11 +8,18 @@ filter can ever be removed):
   something for a later call (shared mappings, System V and POSIX IPC, memfd, keyrings), reach
   past its limits or its namespaces (io_uring, bpf, perf, userfaultfd, ptrace, the mount family,
   new namespaces), or open a socket to another process; and it refuses every ABI but x86_64's.
-- ``own_group_signals_only()`` is installed by each environment host and each validation (the
-  zygote itself must still end hosts): signals may go to the caller's own process group
-  (``os.kill(0, sig)``) and nowhere else, not even by the caller's own pid. Every host and every
-  call holds a process group of its own, so no machinery (worker, zygote, hosts, other calls)
-  can be signalled. Calls inherit it from their host: one filter per host, none per call.
+- ``confine_session()`` is installed by each environment host and each validation (the zygote
+  itself must still end hosts), before module code runs, so every live session, call and check
+  inherits it. It keeps each process to itself, since every process of a worker shares its uid
+  and the kernel would let one act on another: signals may go to the caller's own process group
+  (``os.kill(0, sig)``) and nowhere else, not even by the caller's own pid, nor through a file's
+  owner (``F_SETOWN``/``F_SETSIG``, ``FIOSETOWN``); resource limits, scheduling and priority may
+  be changed for the caller only (pid 0); no process may make itself dumpable (which would open
+  its memory, and its forks', to every process of the uid), name a tracer, change its
+  personality, set another parent-death signal than SIGKILL, watch files (inotify, fanotify),
+  stack landlock rulesets, set I/O priorities, compare or move other processes' resources, or
+  push input into a terminal. Every host and every call holds a process group of its own, so no
+  machinery (worker, zygote, hosts, other sessions) can be reached.
 
 Refused calls fail with EPERM (clone3 with ENOSYS, so the C library falls back to clone, whose
 flags a filter can read). Standard library only: this module runs inside the sandbox.
@@ -69,6 +76,28 @@ REFUSED = {
 }
 MMAP, CLONE, CLONE3 = 9, 56, 435
 KILL, TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO = 62, 200, 234, 129, 297
+IOCTL, FCNTL, PERSONALITY, SETPRIORITY, PRCTL, PRLIMIT64 = 16, 72, 135, 141, 157, 302
+# Calls that act on a process named by their first argument: allowed for the caller only (0).
+SELF_ONLY = {
+    "kill": KILL, "prlimit64": PRLIMIT64, "sched_setparam": 142, "sched_setscheduler": 144,
+    "sched_setaffinity": 203, "sched_setattr": 314,
+}
+# Refused to environment code outright: each reaches another process, or watches the host.
+SESSION_REFUSED = {
+    "signals by thread": (TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO),
+    "I/O priorities": (251, 252),
+    "inotify and fanotify": (253, 254, 255, 294, 300, 301),
+    "landlock": (444, 445, 446),
+    "other processes' resources and pages": (312, 440, 448, 256, 279, 274),  # kcmp, process_madvise, ...
+}
+# fcntl commands that make the kernel signal a file's owner, who may be any process of the uid.
+F_SETOWN, F_SETSIG, F_SETOWN_EX, F_NOTIFY = 8, 10, 15, 1026
+# ioctls that name a process or group to signal, or type into a terminal.
+FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI, TIOCSCTTY = 0x8901, 0x8902, 0x5410, 0x5412, 0x540E
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_MM, PR_SET_PTRACER = 1, 4, 35, 0x59616D61
+SIGKILL = 9
+PERSONALITY_QUERY = 0xFFFFFFFF
+PRIO_PROCESS = 0
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -92,6 +121,12 @@ class _Program:
     def label(self, name: str) -> None:
         self.labels[name] = len(self.code)
 
+    def x86_64_only(self) -> None:
+        """Start: a process calling by another ABI is ended ("kill"); then load the call's number."""
+        self.load(ARCH_OFFSET)
+        self.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
+        self.load(NR_OFFSET)
+
     def assemble(self) -> bytes:
         out = bytearray()
         for index, (op, true, false, value) in enumerate(self.code):
@@ -105,9 +140,7 @@ class _Program:
 def confine_program() -> bytes:
     deny = RET_ERRNO | errno.EPERM
     program = _Program()
-    program.load(ARCH_OFFSET)
-    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
-    program.load(NR_OFFSET)
+    program.x86_64_only()
     program.jump(JGE_K, X32_SYSCALL_BIT, "deny")
     for numbers in REFUSED.values():
         for number in numbers:
@@ -133,18 +166,56 @@ def confine_program() -> bytes:
     return program.assemble()
 
 
-def signal_program() -> bytes:
-    """Signals only to the caller's own process group (``kill(0, sig)``); none by pid or thread."""
+def session_program() -> bytes:
+    """Keep a process to itself: see the module's docstring for what this refuses and why."""
     program = _Program()
-    program.load(ARCH_OFFSET)
-    program.jump(JEQ_K, AUDIT_ARCH_X86_64, 0, "kill")
-    program.load(NR_OFFSET)
-    for number in (TKILL, TGKILL, RT_SIGQUEUEINFO, RT_TGSIGQUEUEINFO):
-        program.jump(JEQ_K, number, "deny")
-    program.jump(JEQ_K, KILL, 0, "allow")
+    program.x86_64_only()
+    for numbers in SESSION_REFUSED.values():
+        for number in numbers:
+            program.jump(JEQ_K, number, "deny")
+    for number in SELF_ONLY.values():
+        program.jump(JEQ_K, number, "self")
+    program.jump(JEQ_K, SETPRIORITY, "setpriority")
+    program.jump(JEQ_K, FCNTL, "fcntl")
+    program.jump(JEQ_K, IOCTL, "ioctl")
+    program.jump(JEQ_K, PRCTL, "prctl")
+    program.jump(JEQ_K, PERSONALITY, "personality")
+    program.ret(RET_ALLOW)
     # pid_t is 32 bits: the kernel reads only the low word of the first argument.
+    program.label("self")
     program.load(_arg_low(0))
-    program.jump(JEQ_K, 0, "allow")
+    program.jump(JEQ_K, 0, "allow", "deny")
+    program.label("setpriority")  # (PRIO_PROCESS, 0): the caller itself
+    program.load(_arg_low(0))
+    program.jump(JEQ_K, PRIO_PROCESS, 0, "deny")
+    program.load(_arg_low(1))
+    program.jump(JEQ_K, 0, "allow", "deny")
+    program.label("fcntl")
+    program.load(_arg_low(1))
+    for command in (F_SETOWN, F_SETSIG, F_SETOWN_EX, F_NOTIFY):
+        program.jump(JEQ_K, command, "deny")
+    program.ret(RET_ALLOW)
+    program.label("ioctl")
+    program.load(_arg_low(1))
+    for request in (FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI, TIOCSCTTY):
+        program.jump(JEQ_K, request, "deny")
+    program.ret(RET_ALLOW)
+    program.label("prctl")
+    program.load(_arg_low(0))
+    program.jump(JEQ_K, PR_SET_PTRACER, "deny")
+    program.jump(JEQ_K, PR_SET_MM, "deny")
+    program.jump(JEQ_K, PR_SET_DUMPABLE, "dumpable")
+    program.jump(JEQ_K, PR_SET_PDEATHSIG, "deathsig")
+    program.ret(RET_ALLOW)
+    program.label("dumpable")  # only ever to 0, as the worker set it
+    program.load(_arg_low(1))
+    program.jump(JEQ_K, 0, "allow", "deny")
+    program.label("deathsig")  # only SIGKILL, as every fork sets it
+    program.load(_arg_low(1))
+    program.jump(JEQ_K, SIGKILL, "allow", "deny")
+    program.label("personality")  # asking is fine; changing it is not
+    program.load(_arg_low(0))
+    program.jump(JEQ_K, PERSONALITY_QUERY, "allow", "deny")
     program.label("deny")
     program.ret(RET_ERRNO | errno.EPERM)
     program.label("allow")
@@ -178,5 +249,5 @@ def confine() -> None:
     _install(confine_program())
 
 
-def own_group_signals_only() -> None:
-    _install(signal_program())
+def confine_session() -> None:
+    _install(session_program())

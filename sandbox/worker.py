@@ -25,7 +25,7 @@ if __package__ in (None, ""):
     # code import this folder's modules as top-level ones.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from sandbox import contain, protocol  # noqa: E402
+from sandbox import contain, memory, protocol  # noqa: E402
 from sandbox.forks import WorkerLimits  # noqa: E402
 from sandbox.runtime import Runtime  # noqa: E402
 
@@ -50,6 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tmp-mb", type=int, default=64)
     parser.add_argument("--output-bytes", type=int, default=1 << 20)
     parser.add_argument("--residents", type=int, default=32, help="live sessions kept (see runtime)")
+    parser.add_argument("--resident-idle", type=float, default=600.0, help="seconds an unused live session stays")
     parser.add_argument("--cgroup", default="", help="memory cgroup to join (made by the service)")
     parser.add_argument("--cgroup-missing", default="the service made no memory cgroup for this worker",
                         help="why there is no --cgroup")
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in PRELOAD:
         __import__(name)
     report: dict[str, Any]
+    # (opened before confinement hides /sys; read after every request)
+    gauge = memory.Gauge.of_container() if args.container else memory.Gauge.of_group(args.cgroup) if args.cgroup else None
     if args.container:
         report = contain.verify_container()
     elif args.no_contain:
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     private = args.container or "filesystem" in report["applied"]
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
                       own_processes=args.container or "processes" in report["applied"],
-                      filter_syscalls=not args.no_contain, max_residents=max(0, args.residents))
+                      filter_syscalls=not args.no_contain, max_residents=max(0, args.residents),
+                      resident_idle=args.resident_idle, gauge=gauge)
     if runtime.filter_missing is None:
         report["applied"].append("syscalls")
     else:

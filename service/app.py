@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import mcp, openenv_routes, problems, ui
+from service import heap, mcp, openenv_routes, problems, ui
 from service.analysis import Analysis
 from service.api import router
 from service.auth import KeyRing
@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        heap.release_large_blocks()
         loaded = catalog if catalog is not None else load_catalog(settings)
         store = make_store(settings)
         await store.ping()

@@ -9,8 +9,10 @@ value (a ``Literal`` of 50,000 values costs the same as one of 5).
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
@@ -18,6 +20,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 MAX_DEPTH = 32
 MAX_VALUES = 10_000
 MAX_MESSAGE = 1000
+NAMED_UNEXPECTED = 5  # unexpected argument names listed in one message
 
 
 class ArgumentLimit(Exception):
@@ -77,20 +80,48 @@ class ArgumentChecker:
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.validator = FastValidator(_with_enum_sets(schema))
+        properties = schema.get("properties")
+        # Only a closed schema (no **kwargs) makes a name unexpected.
+        self.known: list[str] | None = None
+        if schema.get("additionalProperties") is False and isinstance(properties, dict):
+            self.known = sorted(properties)
 
     def problem(self, arguments: dict[str, Any]) -> str | None:
-        """What is wrong with ``arguments``, or None.
+        """What is wrong with ``arguments``, or None. A misspelt name is reported with what it is
+        probably meant to be, beside the first other problem (often the same name, missing).
 
         Raises:
             ArgumentLimit: the arguments are nested too deeply or hold too many values.
         """
         _bounded(arguments)
-        error = next(iter(self.validator.iter_errors(arguments)), None)
-        if error is None:
+        unexpected = self._unexpected(arguments)
+        # A few errors at most are built: the top-level unexpected-name one is said better above.
+        errors = islice(self.validator.iter_errors(arguments), 3)
+        error = next((e for e in errors if not (unexpected and e.validator == "additionalProperties"
+                                                  and not e.absolute_path)), None)
+        if error is None and not unexpected:
             return None
-        where = "/".join(str(p) for p in error.absolute_path)
-        message = f"argument '{where}': {error.message}" if where else error.message
+        parts = [unexpected] if unexpected else []
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
+            parts.append(f"argument '{where}': {error.message}" if where else error.message)
+        message = "; ".join(parts)
         return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "..."
+
+    def _unexpected(self, arguments: dict[str, Any]) -> str | None:
+        if self.known is None:
+            return None
+        names = [k for k in arguments if k not in self.known]
+        if not names:
+            return None
+        said = []
+        for name in names[:NAMED_UNEXPECTED]:
+            near = difflib.get_close_matches(name, self.known, n=1, cutoff=0.5) if len(name) <= 100 else []
+            said.append(f"'{_clip(name)}' (did you mean '{near[0]}'?)" if near else f"'{_clip(name)}'")
+        more = f" and {len(names) - NAMED_UNEXPECTED} more" if len(names) > NAMED_UNEXPECTED else ""
+        expected = ", ".join(f"'{k}'" for k in self.known) or "none"
+        return (f"unexpected argument{'s' if len(names) > 1 else ''} {', '.join(said)}{more}; "
+                f"the tool takes {expected}")
 
 
 def _bounded(arguments: Any) -> None:
@@ -109,6 +140,10 @@ def _bounded(arguments: Any) -> None:
                 raise ArgumentLimit(f"arguments hold more than {MAX_VALUES} values", "max_argument_values",
                                     MAX_VALUES)
             stack.extend((child, depth + 1) for child in children)
+
+
+def _clip(name: str) -> str:
+    return name if len(name) <= 80 else name[:80] + "..."
 
 
 def _short(value: Any) -> str:

@@ -136,6 +136,10 @@ class Environment:
     tool_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
     provenance: dict[str, Any] | None = None  # what synthesis recorded (its assessment), when it made the package
+    # Which registration of the id this is: "" for a loaded catalog, a fresh token each time the
+    # id is added over the API, so a session made from a deleted registration stays dead when the
+    # id is added again.
+    registration: str = ""
 
     @property
     def code_hash(self) -> str:

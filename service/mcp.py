@@ -25,6 +25,7 @@ problem before the MCP transport reads it, and another tenant's session is not f
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -292,13 +293,46 @@ def mount(app: FastAPI) -> None:
     app.router.routes.append(_Endpoint("mcp_service", SERVICE_PATH).route)
 
 
+class ClientErrorLog(logging.Filter):
+    """Keeps the SDK's log about what the server did, not what a client asked for.
+
+    Before a ``tools/call`` the SDK runs our ``tools/list`` handler to check ``Mcp-Param-*``
+    headers, and logs any failure at error level with a traceback. A session that is gone, busy
+    or another tenant's is the client's problem, answered as a JSON-RPC error: it becomes one
+    info line naming the problem. Each manager's "session manager started" line is dropped:
+    ``serving`` says once that both endpoints are up. An unavailable store (5xx) stays an error.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "mcp.server.streamable_http_manager" and record.msg == "StreamableHTTP session manager started":
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        problem = error.data if isinstance(error, MCPError) else None
+        if isinstance(problem, dict) and isinstance(problem.get("status"), int) and problem["status"] < 500:
+            if not logging.getLogger(record.name).isEnabledFor(logging.INFO):
+                return False
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "%s: %s (%s)", (record.getMessage(), problem.get("type"), problem.get("detail"))
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_client_errors() -> None:
+    for name in ("mcp.server._streamable_http_modern", "mcp.server.streamable_http_manager"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ClientErrorLog) for f in logger.filters):
+            logger.addFilter(ClientErrorLog())
+
+
 @asynccontextmanager
 async def serving(app: FastAPI, max_body_bytes: int) -> AsyncIterator[None]:
     """Run both MCP managers for the app's lifetime (enter inside the app's lifespan)."""
+    _quiet_client_errors()
     async with AsyncExitStack() as stack:
         for name, server in (("mcp_session", session_server()), ("mcp_service", service_server())):
             manager = StreamableHTTPSessionManager(server, json_response=True, stateless=True,
                                                    max_request_body_size=max_body_bytes)
             await stack.enter_async_context(manager.run())
             setattr(app.state, name, manager)
+        logging.getLogger("envfoundry.mcp").info("MCP endpoints ready: %s and %s", SESSION_PATH, SERVICE_PATH)
         yield

@@ -52,6 +52,17 @@ class Metrics:
                                    registry=r)
         self.worker_replacements = Gauge("envfoundry_sandbox_worker_replacements",
                                          "Sandbox workers replaced (lost, hung, recycled) since start.", registry=r)
+        # Per worker slot, as each worker last reported (at most a second old while it serves requests).
+        self.live_sessions = Gauge("envfoundry_sandbox_live_sessions", "Sessions a sandbox worker holds live.",
+                                   ["worker"], registry=r)
+        self.live_session_bytes = Gauge("envfoundry_sandbox_live_session_bytes", "Memory of a worker's live "
+                                        "sessions' processes (resident, not file-backed).", ["worker"], registry=r)
+        self.worker_memory = Gauge("envfoundry_sandbox_worker_memory_bytes", "Memory a sandbox worker's cgroup "
+                                   "holds, page cache aside.", ["worker"], registry=r)
+        self.worker_memory_limit = Gauge("envfoundry_sandbox_worker_memory_limit_bytes", "Size of a sandbox "
+                                         "worker's memory cgroup or container.", ["worker"], registry=r)
+        self.evictions = Gauge("envfoundry_sandbox_live_session_evictions", "Live sessions a worker slot ended to "
+                               "keep room for a call, since start (they go cold, not lost).", ["worker"], registry=r)
 
     def observe_pool(self, pool: Any) -> None:
         """Refresh the pool gauges (read at scrape time: the pool keeps its own counts)."""
@@ -63,6 +74,15 @@ class Metrics:
         self.worker_replacements.set(pool.replaced)
         self.session_calls.labels("live").set(pool.live_calls)
         self.session_calls.labels("rebuilt").set(pool.rebuilt_calls)
+        for slot, memory in dict(getattr(pool, "memory", {})).items():
+            worker = str(slot)
+            self.live_sessions.labels(worker).set(memory.live)
+            self.live_session_bytes.labels(worker).set(memory.live_bytes)
+            self.evictions.labels(worker).set(memory.evicted)
+            if memory.used is not None:
+                self.worker_memory.labels(worker).set(memory.used)
+            if memory.limit is not None:
+                self.worker_memory_limit.labels(worker).set(memory.limit)
 
 
 class JsonFormatter(logging.Formatter):

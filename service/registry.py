@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxError
@@ -100,7 +102,9 @@ class Registry:
         if failure is not None:
             raise InvalidEnvironment(f"{failure['kind']}: {failure['message']}", reason=failure["kind"])
         # The analysed tools travel with the record: replicas never parse the code again.
-        record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools})
+        env = replace(env, registration=secrets.token_hex(8))
+        record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools,
+                             "registration": env.registration})
         previous = await self._put("environments", env.env_id, record, tenant, self.max_environments)
         if previous is not None:
             winner = self._environment_from(previous)
@@ -140,8 +144,15 @@ class Registry:
         loaded = self.catalog.environments if kind == "environments" else self.catalog.scenarios
         if key in loaded:
             raise Forbidden(f"'{key}' belongs to a catalog loaded from disk; those are read-only")
+        env = await self._existing(self.environment, key, tenant) if kind == "environments" else None
         if not await self.store.delete_record(kind, key, tenant=tenant):
             raise NotFound(f"{kind[:-1]} '{key}' not found")
+        if env is not None and not self._in_use(env_code(env).key):
+            self.pool.unload(env_code(env).key)  # its sessions' live processes end with its hosts
+
+    def _in_use(self, code_key: str) -> bool:
+        """Whether a catalog environment runs the same code (hosts are shared by code hash)."""
+        return any(env_code(env).key == code_key for env in self.catalog.environments.values())
 
     async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int) -> str | None:
         try:
@@ -180,9 +191,10 @@ class Registry:
 
 def _env_from_record(data: dict[str, Any]) -> Environment:
     if "analysed_tools" not in data:  # written before records carried their analysis
-        return build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
-                                 summary=data.get("summary", ""), introduction=data.get("introduction", ""),
-                                 rules=data.get("rules", []), tool_overrides=data.get("tools"))
+        built = build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
+                                  summary=data.get("summary", ""), introduction=data.get("introduction", ""),
+                                  rules=data.get("rules", []), tool_overrides=data.get("tools"))
+        return replace(built, registration=data.get("registration", ""))
     return Environment(
         env_id=data["env_id"],
         class_name=data["class_name"],
@@ -193,4 +205,5 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         tool_overrides=data.get("tools") or {},
         tools=data["analysed_tools"],
         provenance=data.get("provenance"),
+        registration=data.get("registration", ""),  # records written before registrations had none
     )

@@ -182,9 +182,13 @@ class CallError(BaseModel):
     message: str
 
 
+OK_MEANING = ("Whether the tool ran and answered. A tool that said no ({\"success\": false, ...}) is ok, with its "
+              "refusal in result; false when the call produced no answer (error says why; the state is unchanged).")
+
+
 class CallResult(BaseModel):
     step: int
-    ok: bool
+    ok: bool = Field(description=OK_MEANING)
     result: Any = None
     error: CallError | None = None
     observation: str
@@ -208,7 +212,7 @@ class Step(BaseModel):
     kind: Literal["call"] = "call"
     name: str
     arguments: Any
-    ok: bool
+    ok: bool = Field(description=OK_MEANING)
     result: Any = None
     error: CallError | None = None
     observation: str

@@ -7,6 +7,7 @@ replica can serve any request and a restart loses nothing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from service.store import Held, LockTimeout, SessionMeta, SessionStore, Snapshot
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 
+TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
@@ -90,6 +92,8 @@ class Sessions:
         self.lock_wait = lock_wait
         self.user = user
         self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
+        # (tenant, scenario) -> (its config, the code hash, its template key)
+        self._templates: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
@@ -107,10 +111,11 @@ class Sessions:
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
-            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None)
+            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
+            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template)
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
-                                 mode=mode, opening=opening) for sid in ids]
+                                 mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
             try:
                 await self._store(self.store.create_group(metas, state, state, []))
             except BaseException:
@@ -119,10 +124,27 @@ class Sessions:
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
 
-    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None) -> str:
+    def _template_key(self, tenant: str, env: Environment, scenario_id: str | None, config: dict[str, Any]) -> str:
+        """Names one initial state (same code, same config, same tenant): sandbox workers build it
+        once and start each session made from it as a fork of it. A scenario's key is kept while
+        its config is the same object, so a large scenario is not re-encoded for every session."""
+        if scenario_id is not None:
+            known = self._templates.get((tenant, scenario_id))
+            if known is not None and known[0] is config and known[1] == env.code_hash:
+                return known[2]
+        text = json.dumps([tenant, env.code_hash, config], sort_keys=True, ensure_ascii=False, default=repr)
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if scenario_id is not None:
+            self._templates[(tenant, scenario_id)] = (config, env.code_hash, key)
+            while len(self._templates) > TEMPLATE_KEYS:
+                self._templates.pop(next(iter(self._templates)))
+        return key
+
+    async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None,
+                             template: str | None = None) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                return await self.pool.init_state(env_code(env), config, session)
+                return await self.pool.init_state(env_code(env), config, session, template)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -164,7 +186,9 @@ class Sessions:
     async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "",
                        blobs: bool = True) -> Snapshot:
         snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs))
-        return self._visible(snap, session_id, tenant)
+        visible = self._visible(snap, session_id, tenant)
+        await self.environment_of(visible)  # a session whose environment was deleted is gone
+        return visible
 
     @staticmethod
     def _visible(snap: Snapshot | None, session_id: str, tenant: str) -> Snapshot:
@@ -177,14 +201,37 @@ class Sessions:
         """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
         ids, total = await self._store(self.store.live(tenant, offset, limit))
         snaps = [await self._store(self.store.load(sid)) for sid in ids]
-        return [s for s in snaps if s is not None and s.meta.tenant == tenant], total
+        kept = []
+        for snap in snaps:
+            if snap is None or snap.meta.tenant != tenant:
+                continue
+            try:
+                await self.environment_of(snap)
+            except NotFound:  # its environment was deleted: it is gone now, and no longer counted
+                total -= 1
+                continue
+            kept.append(snap)
+        return kept, total
 
     async def environment_of(self, snap: Snapshot) -> Environment:
+        """The environment the session was made from.
+
+        Raises:
+            NotFound: that registration of the environment was deleted (the id may have been added
+                again since, with other code or the same). The session is removed then, so every
+                later request, listings included, finds it gone.
+        """
         try:
-            return await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+            env = await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
         except NotFound:
-            raise NotFound(f"the environment '{snap.meta.env_id}' of session '{snap.meta.session_id}' was deleted; "
-                           "the session cannot go on") from None
+            env = None
+        if env is not None and env.registration == snap.meta.env_registration:
+            return env
+        session_id = snap.meta.session_id
+        self.pool.end_session(session_id)
+        if await self._store(self.store.delete(session_id)):
+            await self._store(self.store.forget(snap.meta.tenant, [session_id]))
+        raise NotFound(f"session '{session_id}' not found: its environment '{snap.meta.env_id}' was deleted")
 
     async def scenario_of(self, snap: Snapshot) -> Scenario | None:
         if snap.meta.scenario_id is None:
@@ -416,7 +463,7 @@ class Sessions:
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
-        self.pool.forget(session_id)
+        self.pool.end_session(session_id)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")
         await self._store(self.store.forget(tenant, [session_id]))

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     memory_mb: int = Field(default=512, ge=32, description="Address-space limit per call, MiB.")
     residents: int = Field(default=32, ge=0, le=1024, description="Live sessions each sandbox worker keeps "
                            "between calls (0: every call rebuilds the instance from the stored state).")
+    resident_memory_mb: int = Field(default=512, ge=0, description="Memory a sandbox worker's live sessions may "
+                                    "hold, as measured from its memory cgroup; past it the least recently used "
+                                    "go cold (their next call rebuilds them from the store).")
     open_files: int = Field(default=64, ge=16)
     processes: int = Field(default=0, ge=0, description="Extra processes a call may start.")
     max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
@@ -97,4 +100,7 @@ class Settings(BaseSettings):
             result_bytes=self.max_result_bytes,
             state_bytes=self.max_state_bytes,
             residents=self.residents,
+            resident_memory_mb=self.resident_memory_mb,
+            # a live session never outlives its stored session's expiry
+            resident_idle=min(600.0, self.session_ttl),
         )

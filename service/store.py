@@ -47,6 +47,7 @@ class SessionMeta:
     mode: str = "task"  # or "conversation": a simulated user holds the task
     done: bool = False  # the simulated user ended the conversation
     opening: str | None = None  # the simulated user's first message
+    env_registration: str = ""  # the Environment.registration the session was made from
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -66,6 +67,7 @@ class SessionMeta:
             mode=data.get("mode") or "task",
             done=bool(data.get("done")),
             opening=data.get("opening") or None,
+            env_registration=data.get("env_registration", ""),
         )
 
 

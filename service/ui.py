@@ -27,10 +27,15 @@ class ConsoleFiles(StaticFiles):
 
 
 def mount(app: FastAPI) -> None:
-    """Serve the console at /ui/ (and send /ui there: relative module paths need the trailing slash)."""
+    """Serve the console at /ui/ (and send / and /ui there: relative module paths need the trailing slash)."""
 
     @app.get("/ui", include_in_schema=False)
     async def ui_root() -> RedirectResponse:
         return RedirectResponse("/ui/", status_code=308)
+
+    # The address `envfoundry serve` listens on is what people open first; the API lives under /v1.
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/ui/", status_code=307)
 
     app.mount("/ui/", ConsoleFiles(directory=CONSOLE_DIR, html=True), name="ui")

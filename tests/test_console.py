@@ -65,6 +65,16 @@ def synth_folder(root: Path) -> Path:
     return root / "synth-out"
 
 
+def failed_rollout(path: Path) -> Path:
+    """A rollout whose LLM endpoint could not be reached, as `envfoundry rollout` writes it."""
+    record = json.loads((HERE / "client" / "expected" / "rollout-task-native.jsonl").read_text().splitlines()[0])
+    record.update(reward=0.0, passed=0, finish_reason="llm_error", messages=record["messages"][:2], tool_calls=[],
+                  error="no answer from the LLM endpoint (ConnectError: All connection attempts failed) "
+                        "(after 4 attempts)")
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     tmp = tmp_path_factory.mktemp("console")
@@ -98,6 +108,15 @@ def test_console_pages_forbid_inline_and_foreign_scripts(servers: tuple[Server, 
     assert page.headers["x-content-type-options"] == "nosniff"
 
 
+def test_the_root_address_opens_the_console(servers: tuple[Server, Server]) -> None:
+    """`envfoundry serve` prints http://host:port; opening it leads to the console, not a 404."""
+    open_server, _ = servers
+    with open_server.client() as http:
+        root = http.get("/")
+        assert root.status_code == 307 and root.headers["location"] == "/ui/"
+        assert "<main" in http.get("/", follow_redirects=True).text
+
+
 def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: pytest.TempPathFactory) -> None:
     """A user solves lib-001 by hand in the console and the score reaches 1.0; reports and the key prompt work."""
     node = shutil.which("node")
@@ -113,7 +132,8 @@ def test_console_in_a_browser(servers: tuple[Server, Server], tmp_path_factory: 
            "CONSOLE_ROLLOUT": str(HERE / "client" / "expected" / "rollout-task-native.jsonl"),
            "CONSOLE_HOSTILE_SCENARIO": add_hostile_scenario(open_server), "CONSOLE_HOSTILE_TEXT": HOSTILE,
            "CONSOLE_USER_LINES": json.dumps(USER_LINES),
-           "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input"))}
+           "CONSOLE_SYNTH": str(synth_folder(shots.parent / f"{shots.name}-input")),
+           "CONSOLE_ROLLOUT_FAILED": str(failed_rollout(shots.parent / f"{shots.name}-failed.jsonl"))}
     result = subprocess.run([str(node), str(CONSOLE_TESTS / "console.test.mjs")], cwd=CONSOLE_TESTS, env=env,
                             capture_output=True, text=True, timeout=300)
     print(result.stdout)

@@ -2,7 +2,8 @@
 import { ApiError } from "./api.js";
 import { errorBox, h } from "./dom.js";
 import { rolloutView, synthView } from "./reports.js";
-import { catalogView, environmentView, scenarioView, sessionView, sessionsView } from "./views.js";
+import { sessionView } from "./session.js";
+import { catalogView, environmentView, scenarioView, sessionsView } from "./views.js";
 
 const routes = [
   [/^#\/env\/(.+)$/, environmentView],

@@ -54,6 +54,8 @@ export function rolloutView(main) {
     h("label", { for: "rollout-file" }, "Rollout file "), input, out);
 }
 
+const FAILURES = ["llm_error", "service_error"];
+
 export function rolloutReport(records) {
   const byEnv = new Map();
   for (const r of records) {
@@ -63,7 +65,11 @@ export function rolloutReport(records) {
   }
   const rows = [...byEnv].map(([env, rs]) => ({ label: env,
     parts: [{ value: rs.reduce((a, r) => a + (Number(r.reward) || 0), 0) / rs.length, cls: "bar-pass", name: "mean reward" }] }));
+  // As the rollout's own table does: episodes the LLM endpoint or the service ended say nothing of the agent.
+  const failed = records.filter((r) => FAILURES.includes(r.finish_reason));
   return [h("p", {}, `${records.length} rollouts over ${byEnv.size} environments.`),
+    failed.length ? h("p", { class: "error", role: "alert" }, `${failed.length} of ${records.length} ended because the LLM `
+      + `endpoint or the service failed (${failed[0].finish_reason}: ${failed[0].error ?? ""}); their rewards are not the agent's.`) : "",
     barChart("Mean reward per environment", rows, 1, (v) => v.toFixed(2)),
     h("ol", { class: "rollouts" }, records.map((r, i) => h("li", {}, h("details", {},
       h("summary", {}, `${r.scenario_id ?? r.env_id} · sample ${r.sample ?? i} · reward ${Number(r.reward).toFixed(2)} · ${r.finish_reason ?? ""}`),

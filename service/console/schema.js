@@ -49,13 +49,15 @@ function parse(name, schema, text) {
   return value;
 }
 
-// A form for one tool; onSubmit(name, arguments) runs when every field is valid.
+// A form for one tool; onSubmit(name, arguments) runs when every field is valid, and what it returns
+// (a node: what the call did) is shown under the form's button.
 export function toolForm(tool, onSubmit) {
   const f = fn(tool);
   const props = Object.entries(f.parameters?.properties ?? {});
   const required = new Set(f.parameters?.required ?? []);
   const base = `tool-${f.name}`;
   const error = h("p", { class: "error", role: "alert", id: `${base}-error`, hidden: true });
+  const shown = h("div", { class: "call-outcome", "aria-live": "polite", "aria-label": `last call of ${f.name}` });
   const fields = props.map(([name, p]) => {
     const id = `${base}-${name}`;
     const type = typeOf(p);
@@ -82,7 +84,7 @@ export function toolForm(tool, onSubmit) {
     h("h4", { id: `${base}-title` }, h("code", {}, f.name)),
     f.description ? h("p", { class: "muted" }, f.description) : "",
     fields.map((x) => x.row), error,
-    h("button", { type: "submit" }, `Call ${f.name}`));
+    h("button", { type: "submit" }, `Call ${f.name}`), shown);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const args = {};
@@ -103,7 +105,8 @@ export function toolForm(tool, onSubmit) {
     if (problems.length) return;
     const button = form.querySelector("button");
     button.disabled = true;
-    try { await onSubmit(f.name, args); } catch (e) { error.hidden = false; error.textContent = e.message; }
+    try { shown.replaceChildren((await onSubmit(f.name, args)) ?? ""); }
+    catch (e) { error.hidden = false; error.textContent = e.message; }
     finally { button.disabled = false; }
   });
   return form;

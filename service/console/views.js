@@ -1,11 +1,11 @@
-// The catalog, session and live-sessions views, all over the public v1 API.
-import { del, get, post } from "./api.js";
-import { errorBox, h, json, status, tree } from "./dom.js";
+// The catalog, scenario and live-sessions views, all over the public v1 API (the session page is session.js).
+import { get, post } from "./api.js";
+import { errorBox, h, tree } from "./dom.js";
 import { highlight } from "./highlight.js";
-import { fn, toolCard, toolForm } from "./schema.js";
+import { toolCard } from "./schema.js";
+import { OPENING } from "./session.js";
 
 const enc = encodeURIComponent;
-const OPENING = "envfoundry.opening.";
 
 export async function catalogView(main) {
   const { environments } = await get("/v1/environments");
@@ -72,115 +72,6 @@ export async function scenarioView(main, scenarioId) {
     h("section", { "aria-labelledby": "ref-h" }, h("h3", { id: "ref-h" }, "Reference solution"),
       h("ol", {}, (s.reference_solution ?? []).map((c) => h("li", {}, h("code", {}, c.name), " ", JSON.stringify(c.arguments))))),
     h("section", { "aria-labelledby": "init-h" }, h("h3", { id: "init-h" }, "Initial state"), tree(s.init_config, "", "init")));
-}
-
-function diffView(diff) {
-  if (!diff) return "";
-  if (diff.truncated) return h("p", { class: "muted" }, `diff of ${diff.bytes} bytes not recorded`);
-  const line = (cls, sign, entry) => h("li", { class: cls }, `${sign} ${entry.path ?? ""} `,
-    "old" in entry ? h("span", { class: "old" }, JSON.stringify(entry.old)) : "",
-    "old" in entry && "new" in entry ? " → " : "",
-    "new" in entry ? h("span", { class: "new" }, JSON.stringify(entry.new)) : "",
-    !("old" in entry) && !("new" in entry) && "value" in entry ? JSON.stringify(entry.value) : "",
-    !("old" in entry) && !("new" in entry) && !("value" in entry) ? JSON.stringify(entry) : "");
-  const items = [...diff.added.map((e) => line("added", "+", e)), ...diff.removed.map((e) => line("removed", "−", e)),
-    ...diff.changed.map((e) => line("changed", "~", e))];
-  return items.length ? h("ul", { class: "diff", "aria-label": "state diff" }, items) : h("p", { class: "muted" }, "no state change");
-}
-
-function stepView(step) {
-  if (step.kind === "message") {
-    return h("li", { class: "step message" }, h("h4", {}, `#${step.step} message`),
-      h("p", {}, h("strong", {}, "Agent: "), step.content), h("p", {}, h("strong", {}, "User: "), step.reply),
-      step.done ? h("p", { class: "muted" }, "the user ended the conversation") : "");
-  }
-  return h("li", { class: `step ${step.ok ? "ok" : "failed"}` },
-    h("h4", {}, `#${step.step} `, h("code", {}, step.name), step.ok ? " ✓" : " ✗ failed"),
-    h("details", {}, h("summary", {}, "arguments"), json(step.arguments)),
-    step.ok ? h("details", {}, h("summary", {}, "result"), json(step.result))
-      : h("p", { class: "error" }, step.error ? `${step.error.type}: ${step.error.message}` : "failed"),
-    diffView(step.diff));
-}
-
-function scoreView(score) {
-  return [h("p", { class: "reward" }, `Reward ${score.reward.toFixed(2)} (${score.passed}/${score.total})`),
-    h("ul", { class: "checks" }, score.checks.map((c) => h("li", { class: c.passed ? "passed" : "failed" },
-      c.passed ? "✓ passed: " : "✗ failed: ", c.item, c.error ? h("span", { class: "error" }, ` — ${c.error}`) : "")))];
-}
-
-export async function sessionView(main, sessionId) {
-  const base = `/v1/sessions/${enc(sessionId)}`;
-  const [info, { tools }] = await Promise.all([get(base), get(`${base}/tools`)]);
-  const scenario = info.scenario_id ? await get(`/v1/scenarios/${enc(info.scenario_id)}`).catch(() => null) : null;
-  const stateBox = h("div", { class: "state" });
-  const timeline = h("ol", { class: "timeline", "aria-label": "trajectory" });
-  const scoreBox = h("div", { class: "score", "aria-live": "polite" });
-  const actions = h("div");
-  let shown = 0;
-
-  async function refresh() {
-    const view = await get(`${base}/state`);
-    stateBox.replaceChildren(tree(view.state, "", "state"));
-    for (;;) {
-      const page = await get(`${base}/trajectory?offset=${shown}&limit=50`);
-      for (const step of page.steps) {
-        timeline.append(stepView(step));
-        if (step.kind === "message") {
-          chat.append(h("li", { class: "msg assistant" }, h("strong", {}, "You: "), step.content),
-            h("li", { class: "msg user" }, h("strong", {}, "User: "), step.reply));
-        }
-      }
-      shown += page.steps.length;
-      if (!page.steps.length || shown >= page.total) break;
-    }
-    scoreBox.replaceChildren(...scoreView(await post(`${base}/score`)));
-  }
-
-  const call = async (name, args) => {
-    const result = await post(`${base}/calls`, { name, arguments: args });
-    status(result.ok ? `${name} succeeded` : `${name} failed: ${result.error?.message ?? ""}`);
-    await refresh();
-  };
-
-  const conversation = h("div");
-  const chat = h("ol", { class: "messages", "aria-label": "conversation" });
-  if (info.mode === "conversation") {
-    const opening = sessionStorage.getItem(`${OPENING}${sessionId}`);
-    if (opening) chat.append(h("li", { class: "msg user" }, h("strong", {}, "User: "), opening));
-    const input = h("textarea", { id: "message", rows: 3 });
-    conversation.append(chat, h("form", { onsubmit: async (e) => {
-      e.preventDefault();
-      try { await post(`${base}/messages`, { content: input.value }); input.value = ""; await refresh(); }
-      catch (err) { conversation.append(errorBox(err)); }
-    } }, h("label", { for: "message" }, "Message to the user"), input, h("button", { type: "submit" }, "Send")));
-  }
-
-  const fork = h("button", { type: "button", onclick: async () => {
-    try {
-      const forked = await post(`${base}/fork`, { n: 1 });
-      location.hash = `#/session/${enc(forked.session_ids?.[0] ?? forked.session_id)}`;
-    } catch (e) { actions.append(errorBox(e)); }
-  } }, "Fork");
-  const remove = h("button", { type: "button", class: "danger", onclick: async () => {
-    try { await del(base); status(`session ${sessionId} deleted`); location.hash = "#/sessions"; }
-    catch (e) { actions.append(errorBox(e)); }
-  } }, "Delete");
-  actions.append(fork, " ", remove);
-
-  main.append(h("h2", {}, "Session ", h("code", {}, sessionId)),
-    h("p", { class: "muted" }, `${info.env_id} · ${info.scenario_id ?? "no scenario"} · ${info.mode} · expires ${info.expires_at}`,
-      info.parent_id ? h("span", {}, " · forked from ", h("a", { href: `#/session/${enc(info.parent_id)}` }, info.parent_id)) : ""),
-    actions,
-    h("div", { class: "session-grid" },
-      h("section", { "aria-labelledby": "task-h", class: "panel" }, h("h3", { id: "task-h" }, info.mode === "conversation" ? "Conversation" : "Task"),
-        // In conversation mode the task is the simulated user's hidden goal: the person playing sees the chat only.
-        info.mode === "conversation" ? "" : h("p", { class: "prose" }, scenario?.task ?? ""), conversation),
-      h("section", { "aria-labelledby": "score-h", class: "panel" }, h("h3", { id: "score-h" }, "Score"), scoreBox),
-      h("section", { "aria-labelledby": "tools-h", class: "panel" }, h("h3", { id: "tools-h" }, "Tools"),
-        tools.map((t) => toolForm(t, call))),
-      h("section", { "aria-labelledby": "state-h", class: "panel" }, h("h3", { id: "state-h" }, "State"), stateBox),
-      h("section", { "aria-labelledby": "traj-h", class: "panel wide" }, h("h3", { id: "traj-h" }, "Trajectory"), timeline)));
-  await refresh();
 }
 
 export async function sessionsView(main) {

@@ -51,6 +51,6 @@ def test_rollout_sends_its_key(keyed: Server, chat: Running, tmp_path: Path) -> 
     chat.script.reset({})  # no script: the episode ends with the LLM's 404, after the session was made
     out = tmp_path / "keyed.jsonl"
     done = rollout(keyed, chat, out, "--scenario", "lib-001", "--api-key", RUN_KEY)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1 and "error: the only episode failed outside the agent (llm_error 1)" in done.stderr
     (record,) = records(out)
     assert record["finish_reason"] == "llm_error" and record["total"] == 3

@@ -85,6 +85,16 @@ def test_tool_failures_are_results_not_exceptions(ef: Client) -> None:
     assert ef.get_session(sid).steps == 2
 
 
+def test_a_tool_that_says_no_answers_ok_with_its_refusal_in_the_result(ef: Client) -> None:
+    """``ok`` is whether the tool ran and answered: a refusal is an answer, not a failed call."""
+    sid = ef.create_session("lib-001").session_id
+    refused = ef.call(sid, "renew_loan", {"loan_id": "L9999"})
+    assert refused.ok and refused.error is None
+    assert refused.result == {"success": False, "error": "Loan 'L9999' not found"}
+    assert refused.observation == '{"success": false, "error": "Loan \'L9999\' not found"}'
+    ef.delete_session(sid)
+
+
 def test_fork_copies_state_and_parent(ef: Client) -> None:
     sid = ef.create_session("lib-001").session_id
     ef.call(sid, "return_book", {"loan_id": "L0003"})

@@ -20,9 +20,9 @@ from tests.scripted_openai import Running
 # 25+45+65+85+115 = 335), 4 tool calls and 2 messages = 6 steps, reward 1.0. Track 1: 3 turns
 # sending 2, 4, 6 (25+45+65 = 135), 1 call and 2 messages = 3 steps, reward 1/3.
 TABLE = """\
-environment          episodes  mean reward  success        pass@k  mean steps  tokens
--------------------  --------  -----------  -------  ------------  ----------  ------
-library_circulation         2        0.667    50.0%  100.0% (k=2)         4.5     470"""
+environment          episodes  failed  mean reward  success        pass@k  mean steps  tokens
+-------------------  --------  ------  -----------  -------  ------------  ----------  ------
+library_circulation         2       0        0.667    50.0%  100.0% (k=2)         4.5     470"""
 
 
 @pytest.fixture

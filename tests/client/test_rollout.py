@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.client.agent_scripts import LIB_001, STORE_001
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, Server, free_port
 from tests.scripted_openai import Running
 
 EXPECTED = Path(__file__).parent / "expected"
@@ -25,11 +25,11 @@ EXPECTED = Path(__file__).parent / "expected"
 # and 8 messages (155), track 1 sends 2 and 4 (70); store-001 track 0 sends 2, 4, 6 (135), track 1
 # 2, 4, 6, 8 (220). Steps are tool calls: 4 and 1, 2 and 2.
 TABLE = """\
-environment          episodes  mean reward  success        pass@k  mean steps  tokens
--------------------  --------  -----------  -------  ------------  ----------  ------
-library_circulation         2        0.667    50.0%  100.0% (k=2)         2.5     225
-online_store_orders         2        1.000   100.0%  100.0% (k=2)         2.0     355
-all                         4        0.833    75.0%  100.0% (k=2)         2.2     580"""
+environment          episodes  failed  mean reward  success        pass@k  mean steps  tokens
+-------------------  --------  ------  -----------  -------  ------------  ----------  ------
+library_circulation         2       0        0.667    50.0%  100.0% (k=2)         2.5     225
+online_store_orders         2       0        1.000   100.0%  100.0% (k=2)         2.0     355
+all                         4       0        0.833    75.0%  100.0% (k=2)         2.2     580"""
 
 
 def envfoundry(*args: str) -> subprocess.CompletedProcess[str]:
@@ -131,6 +131,11 @@ def test_environment_selection_step_limit_and_llm_errors_end_episodes_cleanly(
     done = rollout(ef_server, scripted, out, "--env", "online_store_orders", "--max-steps", "1", "--concurrency", "3")
     assert done.returncode == 0, done.stderr
     got = records(out)
+    failed = len(got) - 1
+    assert done.stderr.splitlines()[-1].startswith(
+        f"warning: {failed} of {len(got)} episodes failed outside the agent (llm_error {failed}); their rewards are "
+        "not the agent's. First cause: llm_error: the LLM endpoint answered 404")
+    assert done.stdout.splitlines()[2].split()[:3] == ["online_store_orders", str(len(got)), str(failed)]
     store_ids = [s["scenario_id"] for s in
                  httpx.get(f"{ef_server.url}/v1/environments/online_store_orders/scenarios").json()["scenarios"]]
     assert [r["scenario_id"] for r in got] == sorted(store_ids) and len(got) >= 2
@@ -154,6 +159,23 @@ def test_an_unknown_scenario_fails_before_any_episode(ef_server: Server, scripte
     done = rollout(ef_server, scripted, out, "--scenario", "no-such-scenario")
     assert done.returncode == 1 and "error: 404 urn:envfoundry:problem:not-found" in done.stderr
     assert not out.exists() and not scripted.script.agent_requests()
+
+
+def test_a_run_whose_llm_is_unreachable_says_so_and_exits_non_zero(ef_server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "unreachable.jsonl"
+    nobody = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    done = envfoundry("rollout", "--server", ef_server.url, "--llm-base-url", nobody, "--model", "m",
+                      "--scenario", "lib-001", "--samples", "2", "--out", str(out))
+    assert done.returncode == 1, done.stderr
+    message = done.stderr.splitlines()[-1]
+    assert message.startswith("error: all 2 episodes failed outside the agent (llm_error 2); their rewards are not "
+                              "the agent's. First cause: llm_error: no answer from the LLM endpoint (ConnectError")
+    assert message.endswith("(after 4 attempts)")
+    assert done.stdout.splitlines()[2].split()[:4] == ["library_circulation", "2", "2", "0.000"]
+    assert "rollout 2/2 episodes | mean reward 0.000 | failed 2 | running 0" in done.stderr  # the progress line too
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["finish_reason"] for r in written] == ["llm_error", "llm_error"]  # the records are still written
+    assert all(httpx.get(f"{ef_server.url}/v1/sessions/{r['session_id']}").status_code == 404 for r in written)
 
 
 def test_concurrent_groups_give_the_same_episodes(ef_server: Server, scripted: Running, tmp_path: Path) -> None:

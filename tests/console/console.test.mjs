@@ -16,6 +16,7 @@ const KEY = env("CONSOLE_KEY");
 const SHOTS = env("CONSOLE_SHOTS");
 const SCENARIO = JSON.parse(env("CONSOLE_SCENARIO"));
 const ROLLOUT = env("CONSOLE_ROLLOUT");
+const ROLLOUT_FAILED = env("CONSOLE_ROLLOUT_FAILED");
 const SYNTH = env("CONSOLE_SYNTH");
 const HOSTILE = env("CONSOLE_HOSTILE_SCENARIO");
 const USER_LINES = JSON.parse(env("CONSOLE_USER_LINES"));
@@ -75,23 +76,49 @@ try {
   assert.equal(await page.locator(".timeline > li").count(), 0);
   ok("a missing required argument is shown on the form and nothing is called");
 
-  for (const [i, step] of SCENARIO.reference_solution.entries()) {
-    const form = page.locator(`form[data-tool="${step.name}"]`);
-    for (const [name, value] of Object.entries(step.arguments)) {
+  // The tabs for state and trajectory are in the first screen, not below every tool form.
+  const tabTops = [];
+  for (const name of [/^Tools \(\d+\)$/, /^State$/, /^Trajectory/]) {
+    // Measured from the top of the page, not of the viewport: where it is without any scrolling.
+    const bottom = await page.getByRole("tab", { name }).evaluate((el) => el.getBoundingClientRect().bottom + window.scrollY);
+    assert.ok(bottom <= 900, `the ${name} tab ends ${bottom}px down the page, below a 900px window`);
+    tabTops.push(Math.round(bottom));
+  }
+  ok(`the tools, state and trajectory tabs are all within the first screen (bottom edges at ${tabTops.join(", ")} px)`);
+
+  const fill = async (form, args) => {
+    for (const [name, value] of Object.entries(args)) {
       await form.getByLabel(new RegExp(`^${name}\\b`)).fill(typeof value === "string" ? value : JSON.stringify(value));
     }
+  };
+  for (const [i, step] of SCENARIO.reference_solution.entries()) {
+    const form = page.locator(`form[data-tool="${step.name}"]`);
+    await fill(form, step.arguments);
     await form.getByRole("button", { name: `Call ${step.name}` }).click();
-    const item = page.locator(".timeline > li").nth(i);
-    await item.waitFor();
-    assert.ok((await item.textContent()).includes(step.name));
-    assert.ok(await item.locator(".diff li").count() > 0, `step ${i} shows a state diff`);
-    ok(`called ${step.name} through its form; the timeline shows step ${i} with a diff`);
+    // What the call did appears under the form that made it: outcome, result and state diff.
+    const done = form.locator(".call-outcome .last-call.ok");
+    await done.getByText(`Step #${i + 1}: ✓ ok`).waitFor();
+    assert.ok(await done.locator("pre.json").isVisible(), `step ${i + 1} shows its result beside the form`);
+    assert.ok(await done.locator(".diff li").count() > 0, `step ${i + 1} shows its state diff beside the form`);
+    ok(`called ${step.name} through its form; the form shows step ${i + 1}'s result and diff`);
   }
   const total = SCENARIO.checklist.length;
   await page.getByText(`Reward 1.00 (${total}/${total})`).waitFor();
   assert.equal(await page.locator(".score .checks li.passed").count(), total);
   await shot("03-session-solved");
   ok("after the reference solution the score panel shows reward 1.00 with every check passed");
+
+  await page.getByRole("tab", { name: `Trajectory (${SCENARIO.reference_solution.length})` }).click();
+  const steps = page.locator(".timeline > li");
+  assert.equal(await steps.count(), SCENARIO.reference_solution.length);
+  for (const [i, step] of SCENARIO.reference_solution.entries()) {
+    assert.ok((await steps.nth(i).textContent()).includes(step.name));
+    assert.ok(await steps.nth(i).locator(".diff li").first().isVisible(), `step ${i + 1} has a diff in the timeline`);
+  }
+  await page.getByRole("tab", { name: "State" }).click();
+  await page.locator(".state details").first().waitFor();
+  await page.getByRole("tab", { name: /^Tools/ }).click();
+  ok("the trajectory tab lists every step with its diff, and the state tab shows the state");
 
   await page.getByRole("button", { name: "Fork" }).click();
   await page.waitForURL((u) => !u.hash.endsWith(encodeURIComponent(sessionId)) && u.hash.startsWith("#/session/"));
@@ -102,6 +129,21 @@ try {
   await shot("04-fork");
   ok(`fork opens the copy (${forkId}) with the same trajectory and score`);
 
+  // A tool that says no answered the call: the console shows a refusal, not a success and not a failure.
+  const renew = page.locator('form[data-tool="renew_loan"]');
+  await fill(renew, { loan_id: "L9999" });
+  await renew.getByRole("button").click();
+  const refusal = renew.locator(".call-outcome .last-call.refused");
+  await refusal.getByText("⊘ refused").waitFor();
+  assert.ok((await refusal.textContent()).includes("Loan 'L9999' not found"));
+  await page.getByRole("tab", { name: /^Trajectory/ }).click();
+  const refusedStep = page.locator(".timeline > li").last();
+  assert.ok(await refusedStep.evaluate((li) => li.classList.contains("refused")), "the refused step is marked refused");
+  const heading = await refusedStep.locator("h4").textContent();
+  assert.ok(heading.includes("⊘ refused") && !heading.includes("✓"), heading);
+  await shot("04b-refusal");
+  ok("a refused call is marked as a refusal beside its form and in the trajectory, never with a ✓");
+
   await page.getByRole("link", { name: "Live sessions" }).click();
   await page.getByRole("link", { name: forkId }).waitFor();
   await page.getByRole("link", { name: sessionId }).waitFor();
@@ -109,11 +151,19 @@ try {
   ok("the live-sessions table lists both sessions");
 
   await page.getByRole("link", { name: forkId }).click();
+  await page.getByRole("button", { name: "Delete" }).waitFor();
+  page.once("dialog", (d) => d.dismiss());
+  await page.getByRole("button", { name: "Delete" }).click();
+  await page.getByText(`Reward 1.00 (${total}/${total})`).waitFor();
+  assert.ok(page.url().endsWith(encodeURIComponent(forkId)), "a dismissed confirmation keeps the session page");
+  let asked = "";
+  page.once("dialog", (d) => { asked = d.message(); d.accept(); });
   await page.getByRole("button", { name: "Delete" }).click();
   await page.waitForURL(/#\/sessions$/);
+  assert.ok(asked.startsWith(`Delete session ${forkId}?`), asked);
   await page.getByRole("link", { name: sessionId }).waitFor();
   assert.equal(await page.getByRole("link", { name: forkId }).count(), 0);
-  ok("delete removes the session and returns to the live-sessions table");
+  ok("delete asks first; dismissed it keeps the session, accepted it removes it and returns to the live-sessions table");
 
   // Narrow window: the session view reflows without horizontal scrolling.
   await page.setViewportSize({ width: 360, height: 800 });
@@ -132,8 +182,12 @@ try {
   assert.ok(await page.locator(".rollouts > li").count() > 0);
   await page.locator(".rollouts summary").first().click();
   await page.locator(".rollouts .msg.tool").first().waitFor();
+  assert.equal(await page.getByRole("alert").count(), 0, "a rollout without failures raises no alarm");
   await shot("07-rollout");
   ok("a rollout JSONL shows mean reward per environment as a chart and each trajectory's messages");
+  await page.getByLabel("Rollout file").setInputFiles(ROLLOUT_FAILED);
+  await page.getByRole("alert").filter({ hasText: "1 of 1 ended because the LLM endpoint or the service failed (llm_error: no answer" }).waitFor();
+  ok("a rollout whose episodes the LLM endpoint ended says so above the chart");
 
   await page.getByRole("link", { name: "Synthesis report" }).click();
   await page.getByLabel("Output folder").setInputFiles(SYNTH);
@@ -146,6 +200,7 @@ try {
   await page.goto(`${URL_OPEN}/ui/#/scenario/fs-001`);
   await page.getByRole("button", { name: "Create session" }).click();
   await page.waitForURL(/#\/session\//);
+  await page.getByRole("tab", { name: "State" }).click();
   const ref = page.locator(".state a.ref:visible", { hasText: "→ /root" }).first();
   await ref.click();
   assert.equal(await page.evaluate(() => document.activeElement?.id), "state_47root");
@@ -169,6 +224,7 @@ try {
   await page.getByLabel("Message to the user").fill("Which loan would you like to return?");
   await page.getByRole("button", { name: "Send" }).click();
   await chat.getByText(USER_LINES[1]).waitFor();
+  await page.getByRole("tab", { name: /^Trajectory/ }).click();
   await page.locator(".timeline > li.message").first().waitFor();
   await shot("10-conversation");
   ok("a conversation session shows the simulated user's opening line and each reply");
@@ -189,6 +245,8 @@ try {
   assert.equal(await page.locator(".timeline > li").count(), 0);
   await listing.getByLabel(/^limit\b/).fill("3");
   await listing.getByRole("button").click();
+  await listing.locator(".call-outcome .last-call").waitFor();
+  await page.getByRole("tab", { name: /^Trajectory/ }).click();
   await page.locator(".timeline > li").first().waitFor();
   await page.locator(".timeline > li details").first().click();
   assert.ok((await page.locator(".timeline > li pre").first().textContent()).includes('"limit": 3'));

@@ -153,6 +153,19 @@ def test_tool_failures_are_observations_and_lose_nothing(client: httpx.Client) -
     assert state(client, sid)["state"]["counter"] == 3
 
 
+def test_a_misspelt_argument_is_named_with_the_one_it_is_probably_meant_to_be(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="lib-001")
+    result = call(client, sid, "renew_loan", {"loan": "L0001"})
+    assert result["ok"] is False and result["error"]["type"] == "invalid_arguments"
+    assert result["error"]["message"] == ("renew_loan: unexpected argument 'loan' (did you mean 'loan_id'?); "
+                                          "the tool takes 'loan_id'; 'loan_id' is a required property")
+    extra = call(client, sid, "renew_loan", {"loan_id": "L0001", "note": "x"})["error"]["message"]
+    assert extra == "renew_loan: unexpected argument 'note'; the tool takes 'loan_id'"
+    # A failed call is a step of the trajectory (it counts toward ENVFOUNDRY_MAX_STEPS) and changes nothing.
+    assert client.get(f"/v1/sessions/{sid}").json()["steps"] == 2
+    assert state(client, sid)["state"]["loans"]["L0001"]["renewals"] == 0
+
+
 def test_non_json_results_and_rich_state_have_json_views(client: httpx.Client) -> None:
     sid = new_session(client, env_id="probe")
     assert call(client, sid, "return_odd", {"kind": "set"})["result"] == ["a", "b"]
@@ -280,6 +293,45 @@ def test_create_environment_and_scenario_then_play(client: httpx.Client, server:
     sid = new_session(client, scenario_id=scenario_id)
     assert call(client, sid, "deposit", {"amount": 5})["result"] == {"success": True, "data": 6}
     assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
+
+
+def test_sessions_of_a_deleted_environment_are_gone_even_after_the_id_is_added_again(client: httpx.Client,
+                                                                                    server: Any) -> None:
+    env_id = f"wallet-gone-{server.url.rsplit(':', 1)[-1]}"
+    body = {"env_id": env_id, "class_name": "Wallet", "code": ENV_CODE}
+    assert client.post("/v1/environments", json=body).status_code == 201
+    first = new_session(client, env_id=env_id, init_config={"balance": 1})
+    untouched = new_session(client, env_id=env_id, init_config={"balance": 1})
+    fork = client.post(f"/v1/sessions/{first}/fork").json()["session_id"]
+    assert call(client, fork, "deposit", {"amount": 1})["result"] == {"success": True, "data": 2}  # a fork goes on
+    assert client.delete(f"/v1/environments/{env_id}").status_code == 204
+    # The same id and code again: a new registration, which the old sessions were not made from.
+    assert client.post("/v1/environments", json=body).status_code == 201
+    problem(client.get(f"/v1/sessions/{first}"), 404, "not-found")
+    detail = problem(client.post(f"/v1/sessions/{untouched}/calls", json={"name": "deposit",
+                                                                         "arguments": {"amount": 5}}), 404, "not-found")
+    assert f"environment '{env_id}' was deleted" in detail["detail"]
+    fresh = new_session(client, env_id=env_id, init_config={"balance": 1})
+    listed = [s["session_id"] for s in client.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]]
+    assert fresh in listed and not {first, untouched, fork} & set(listed)
+    for sid in (first, untouched, fork):  # gone for every route, not only calls and score
+        for response in (client.get(f"/v1/sessions/{sid}"), client.get(f"/v1/sessions/{sid}/state"),
+                         client.get(f"/v1/sessions/{sid}/trajectory"), client.post(f"/v1/sessions/{sid}/score")):
+            problem(response, 404, "not-found")
+    assert call(client, fresh, "deposit", {"amount": 5})["result"] == {"success": True, "data": 6}
+    assert client.delete(f"/v1/environments/{env_id}").status_code == 204
+
+
+def test_reading_a_session_of_a_deleted_environment_does_not_keep_it_alive(client: httpx.Client,
+                                                                           server: Any) -> None:
+    env_id = f"wallet-idle-{server.url.rsplit(':', 1)[-1]}"
+    assert client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet",
+                                                 "code": ENV_CODE}).status_code == 201
+    sid = new_session(client, env_id=env_id)
+    before = client.get("/v1/sessions", params={"limit": 1000}).json()["total"]
+    assert client.delete(f"/v1/environments/{env_id}").status_code == 204
+    problem(client.get(f"/v1/sessions/{sid}"), 404, "not-found")  # no expires_at pushed forward: no session
+    assert client.get("/v1/sessions", params={"limit": 1000}).json()["total"] == before - 1  # nor counted
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,36 @@ async def test_a_deleted_session_stops_answering_over_mcp(server: Server, client
     assert called.value.error.data["type"] == "urn:envfoundry:problem:not-found"
 
 
+def logged_since(server: Server, offset: int) -> list[dict[str, Any]]:
+    text = server.log.read_bytes()[offset:].decode()
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_call_on_a_deleted_session_is_logged_as_the_clients_error_not_the_servers(
+        server: Server, client: httpx.Client, mode: str) -> None:
+    session_id = new_session(client)
+    offset = server.log.stat().st_size
+    async with Client(mcp_url(server, session_id), mode=mode) as mcp:
+        assert client.delete(f"/v1/sessions/{session_id}").status_code == 204
+        with pytest.raises(MCPError) as called:
+            await mcp.call_tool(**_first_call())
+    assert called.value.error.code == -32002
+    logged = logged_since(server, offset)
+    assert logged and not [e for e in logged if e["level"] not in ("info", "debug")]
+    assert not [e for e in logged if "error" in e]  # no traceback
+    sdk = [e for e in logged if e["logger"].startswith("mcp.")]
+    if mode == "auto":  # the SDK's header check ran the listing, which found the session gone
+        assert len(sdk) == 1 and "urn:envfoundry:problem:not-found" in sdk[0]["message"]
+        assert session_id in sdk[0]["message"]
+
+
+async def test_the_mcp_endpoints_announce_themselves_once(server: Server) -> None:
+    messages = [e["message"] for e in logged_since(server, 0)]
+    assert "StreamableHTTP session manager started" not in messages
+    assert messages.count("MCP endpoints ready: /v1/sessions/{session_id}/mcp and /v1/mcp") == 1
+
+
 async def test_the_service_endpoint_runs_a_whole_episode(server: Server, client: httpx.Client) -> None:
     """An MCP-only agent lists scenarios, creates a session, calls its tools and scores it."""
     async with Client(f"{server.url}/v1/mcp") as mcp:

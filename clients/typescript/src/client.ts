@@ -103,7 +103,7 @@ export class EnvfoundryClient {
     return this.json("POST", "/v1/environments", { json: body });
   }
 
-  /** Remove an environment this key's tenant added (scope `admin`); its sessions cannot go on. */
+  /** Remove an environment this key's tenant added (scope `admin`); its sessions are gone (404) from then on. */
   async deleteEnvironment(envId: string): Promise<void> {
     await this.json("DELETE", `/v1/environments/${seg(envId)}`);
   }
@@ -149,9 +149,11 @@ export class EnvfoundryClient {
   }
 
   /**
-   * Call a tool. A tool failure is an answer, not an exception: `ok` is false and `error.type` says
-   * why (`unknown_tool`, `invalid_arguments`, `tool_exception`, `timeout`, ...), and the state is
-   * as before. `args` may be an object or the JSON string an OpenAI tool call carries.
+   * Call a tool. `ok` is true when the tool ran and answered, a refusal (`{"success": false, ...}`)
+   * included, which is in `result`. A call that produced no answer is not an exception either: `ok`
+   * is false, `error.type` says why (`unknown_tool`, `invalid_arguments`, `tool_exception`,
+   * `timeout`, ...), and the state is as before. `args` may be an object or the JSON string an
+   * OpenAI tool call carries.
    */
   call(sessionId: string, name: string, args: Record<string, unknown> | string = {}, once?: Once): Promise<CallResult> {
     return this.callWith(sessionId, { name, arguments: args }, once);

@@ -19,7 +19,8 @@
  *     ├── UnavailableError         503 urn:envfoundry:problem:unavailable
  *     └── UserLLMUnavailableError  503 urn:envfoundry:problem:user-llm-unavailable
  *
- * Tool failures are not errors: a call answers `ok: false` with `error.type` (HTTP 200).
+ * Tool outcomes are not errors: a refusal answers `ok: true` with it in `result`, a call that
+ * produced no answer `ok: false` with `error.type` (both HTTP 200).
  */
 import type { components } from "./schema.js";
 

@@ -335,7 +335,10 @@ export interface components {
             error?: components["schemas"]["CallError"] | null;
             /** Observation */
             observation: string;
-            /** Ok */
+            /**
+             * Ok
+             * @description Whether the tool ran and answered. A tool that said no ({"success": false, ...}) is ok, with its refusal in result; false when the call produced no answer (error says why; the state is unchanged).
+             */
             ok: boolean;
             /** Result */
             result?: unknown;
@@ -731,7 +734,10 @@ export interface components {
             name: string;
             /** Observation */
             observation: string;
-            /** Ok */
+            /**
+             * Ok
+             * @description Whether the tool ran and answered. A tool that said no ({"success": false, ...}) is ok, with its refusal in result; false when the call produced no answer (error says why; the state is unchanged).
+             */
             ok: boolean;
             /** Result */
             result?: unknown;

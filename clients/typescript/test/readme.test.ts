@@ -34,5 +34,10 @@ test("the README example compiles and runs", async () => {
     assert.fail(`the README example does not compile:\n${(error as { stdout?: string }).stdout ?? String(error)}`);
   }
   const printed = execFileSync(process.execPath, [`${folder}example.js`], { encoding: "utf8", timeout: 60_000 });
+  assert.match(printed, /^refused: true {"success":false,"error":"Loan 'L9999' not found"}$/m);
+  assert.match(printed, /^unknown: false unknown_tool$/m);
   assert.match(printed, /404 urn:envfoundry:problem:not-found/);
+  assert.match(printed, /^reward: 1$/m);
+  const left = (await (await fetch(`${server.url}/v1/sessions`)).json()) as { total: number };
+  assert.equal(left.total, 0, "the example deletes every session it made");
 });

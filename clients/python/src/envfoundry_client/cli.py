@@ -62,7 +62,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from envfoundry_client.chat import ChatLLM
     from envfoundry_client.client import AsyncClient
-    from envfoundry_client.report import Progress, summarize, table
+    from envfoundry_client.report import Progress, failed_outside_agent, failures, summarize, table
     from envfoundry_client.rollout import RolloutOptions, rollout, select
 
     options = RolloutOptions(mode=args.mode, tool_format=args.tool_format, samples=args.samples,
@@ -89,7 +89,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     records = asyncio.run(run())
     print(table(summarize(records)))
     print(f"wrote {len(records)} trajectories to {args.out}")
-    return 0
+    problem = failures(records)
+    if problem is None:
+        return 0
+    # A run in which no episode got past the LLM or the service measured nothing: a training
+    # script must not take its table of zeros for results.
+    everything = all(failed_outside_agent(r) for r in records)
+    print(f"{'error' if everything else 'warning'}: {problem}", file=sys.stderr)
+    return 1 if everything else 0
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:

@@ -170,7 +170,9 @@ def _call_error(value: Any) -> CallError | None:
 
 @dataclass(frozen=True)
 class CallResult:
-    """One tool call. ``ok`` false is the environment saying no (an observation), not a service error."""
+    """One tool call. ``ok``: the tool ran and answered, a refusal (``{"success": False, ...}``) included,
+    which is in ``result``; ``ok`` false: the call produced no answer and ``error`` says why. Neither is
+    a service error (those raise)."""
 
     step: int
     ok: bool

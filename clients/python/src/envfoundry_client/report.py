@@ -14,6 +14,7 @@ from envfoundry_client.models import JSON
 class Row:
     env_id: str
     episodes: int
+    failed: int  # episodes ended by the LLM endpoint or the service failing, not by the agent
     mean_reward: float
     success_rate: float  # episodes with reward 1.0
     pass_at_k: float  # scenarios with at least one successful sample among their k
@@ -22,8 +23,17 @@ class Row:
     tokens: int
 
 
+FAILURES = ("llm_error", "service_error")
+
+
 def _success(record: JSON) -> bool:
     return record.get("reward") == 1.0
+
+
+def failed_outside_agent(record: JSON) -> bool:
+    """The episode ended because the LLM endpoint or the service failed: its reward says nothing
+    about the agent."""
+    return record.get("finish_reason") in FAILURES
 
 
 def _row(env_id: str, records: list[JSON]) -> Row:
@@ -32,7 +42,7 @@ def _row(env_id: str, records: list[JSON]) -> Row:
         by_scenario[str(r["scenario_id"])].append(r)
     n = len(records)
     return Row(
-        env_id=env_id, episodes=n,
+        env_id=env_id, episodes=n, failed=sum(failed_outside_agent(r) for r in records),
         mean_reward=sum(float(r.get("reward") or 0.0) for r in records) / n,
         success_rate=sum(_success(r) for r in records) / n,
         pass_at_k=sum(any(_success(r) for r in group) for group in by_scenario.values()) / len(by_scenario),
@@ -53,11 +63,11 @@ def summarize(records: list[JSON]) -> list[Row]:
     return rows
 
 
-HEADER = ("environment", "episodes", "mean reward", "success", "pass@k", "mean steps", "tokens")
+HEADER = ("environment", "episodes", "failed", "mean reward", "success", "pass@k", "mean steps", "tokens")
 
 
 def table(rows: list[Row]) -> str:
-    cells = [HEADER] + [(r.env_id, str(r.episodes), f"{r.mean_reward:.3f}", f"{r.success_rate:.1%}",
+    cells = [HEADER] + [(r.env_id, str(r.episodes), str(r.failed), f"{r.mean_reward:.3f}", f"{r.success_rate:.1%}",
                          f"{r.pass_at_k:.1%} (k={r.k})", f"{r.mean_steps:.1f}", str(r.tokens)) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(c)))
@@ -66,8 +76,22 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def failures(records: list[JSON]) -> str | None:
+    """What to tell the terminal about episodes that failed for a reason outside the agent: their
+    count by reason and the first cause, or None when there are none."""
+    bad = [r for r in records if failed_outside_agent(r)]
+    if not bad:
+        return None
+    counts = ", ".join(f"{reason} {sum(r['finish_reason'] == reason for r in bad)}"
+                       for reason in FAILURES if any(r["finish_reason"] == reason for r in bad))
+    scope = ("the only episode" if len(records) == 1 else f"all {len(bad)} episodes" if len(bad) == len(records)
+             else f"{len(bad)} of {len(records)} episodes")
+    return (f"{scope} failed outside the agent ({counts}); their rewards are not the agent's. "
+            f"First cause: {bad[0]['finish_reason']}: {bad[0].get('error')}")
+
+
 class Progress:
-    """``done/total episodes, mean reward, running, tokens`` on one line of ``stream``, redrawn in
+    """``done/total episodes, mean reward, failed (when any), running, tokens`` on one line of ``stream``, redrawn in
     place on a terminal and written as plain lines elsewhere (logs)."""
 
     def __init__(self, total: int, stream: TextIO | None = None) -> None:
@@ -78,6 +102,7 @@ class Progress:
         self.running = 0
         self.reward = 0.0
         self.tokens = 0
+        self.failed = 0
 
     def started(self) -> None:
         self.running += 1
@@ -88,12 +113,14 @@ class Progress:
         self.running -= 1
         self.done += 1
         self.reward += float(record.get("reward") or 0.0)
+        self.failed += failed_outside_agent(record)
         self.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
         self._write("\r\x1b[2K" + self.line() if self.live else self.line() + "\n")
 
     def line(self) -> str:
         mean = f"{self.reward / self.done:.3f}" if self.done else "-"
-        return (f"rollout {self.done}/{self.total} episodes | mean reward {mean} | running {self.running} | "
+        failed = f" | failed {self.failed}" if self.failed else ""  # seen early in a long run, not at its end
+        return (f"rollout {self.done}/{self.total} episodes | mean reward {mean}{failed} | running {self.running} | "
                 f"tokens {self.tokens}")
 
     def close(self) -> None:

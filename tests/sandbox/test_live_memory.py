@@ -1,0 +1,60 @@
+"""Live sessions are budgeted by the memory they really hold, measured from the worker's cgroup.
+
+A live session over a real benchmark's 3 MB database holds about 50 MB; sizing workers by an
+assumed few MB per session let the kernel's OOM killer take running calls and whole workers.
+Under pressure the least recently used live sessions now go cold instead (their next call
+rebuilds them from the stored state), and no call fails for another session's memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandbox.pool import EnvCode, WorkerPool
+
+pytestmark = pytest.mark.anyio
+
+# About 1.3 MB of records (~25 MB live), built by the class itself so that tests need not send them.
+DATABASE = '''
+class Database:
+    def __init__(self, config=None):
+        self.records = {f"r{i:05d}": {"name": "x" * 120, "n": i, "tags": ["a", "b"]} for i in range(8000)}
+
+    def read(self, key: str) -> dict:
+        return self.records[key]
+
+    def write(self, key: str, n: int) -> dict:
+        self.records[key] = {"name": "y", "n": n, "tags": []}
+        return {"success": True}
+'''
+ENV = EnvCode("live-memory-db", "live_memory_db", "Database", DATABASE)
+
+
+async def _play(pool: WorkerPool, states: dict[str, str], session: str, step: int) -> None:
+    async def stored() -> str:
+        return states[session]
+
+    read = await pool.session_call(ENV, session, step, stored, "read", {"key": "r00007"})
+    assert read.ok, read.error
+    wrote = await pool.session_call(ENV, session, step + 1, stored, "write", {"key": "r00008", "n": step})
+    assert wrote.ok, wrote.error
+    assert wrote.state is not None
+    states[session] = wrote.state
+
+
+async def test_under_memory_pressure_the_least_recently_used_live_sessions_go_cold(pool_factory: Any) -> None:
+    async with pool_factory(size=1, memory_mb=128, resident_memory_mb=64, call_timeout=10.0) as pool:
+        states: dict[str, str] = {}
+        sessions = [f"s{i}" for i in range(10)]
+        for session in sessions:
+            states[session] = await pool.init_state(ENV, {}, session=session)
+        for round_ in range(2):  # every call succeeds, those on cold sessions after a rebuild
+            for session in sessions:
+                await _play(pool, states, session, 2 * round_)
+        (memory,) = (await pool.measure()).values()
+        assert pool.replaced == 0
+        assert memory.limit is not None and memory.used is not None and memory.used < memory.limit
+        assert memory.evicted > 0 and 0 < memory.live < len(sessions), memory
+        assert pool.rebuilt_calls > 0

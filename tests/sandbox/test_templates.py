@@ -1,0 +1,115 @@
+"""Sessions made from one initial state start as forks of a process that holds it built.
+
+A scenario's initial state is built once per worker (its *template*); each session made from it
+is a fork of that process, so creating one costs neither building nor encoding the state,
+whatever its size (bench/live_memory.py prints the figures), and live sessions share the
+template's memory until they change it. Sessions stay independent, and what they start from is
+exactly what a plain init builds.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sandbox.pool import EnvCode, WorkerPool
+
+pytestmark = pytest.mark.anyio
+
+CODE = '''
+import random
+
+BUILT = []
+
+
+class Shop:
+    def __init__(self, config=None):
+        BUILT.append(1)
+        self.items = {f"i{n}": {"stock": n} for n in range((config or {}).get("count", 3))}
+        self.ticket = random.random()
+
+    def buy(self, item: str) -> dict:
+        self.items[item]["stock"] -= 1
+        return {"success": True, "left": self.items[item]["stock"]}
+
+    def stock(self, item: str) -> int:
+        return self.items[item]["stock"]
+
+    def builds(self) -> int:
+        return len(BUILT)
+'''
+SHOP = EnvCode("templates-shop", "templates_shop", "Shop", CODE)
+FAILING = EnvCode("templates-failing", "templates_failing", "Shop", CODE.replace(
+    "        BUILT.append(1)", "        if (config or {}).get('fail'):\n            raise ValueError('no shop today')\n"
+                              "        BUILT.append(1)"))
+
+
+class Live:
+    def __init__(self, pool: WorkerPool, session: str, state: str) -> None:
+        self.pool, self.session, self.state, self.step = pool, session, state, 0
+
+    @classmethod
+    async def start(cls, pool: WorkerPool, session: str, template: str, config: dict[str, Any]) -> Live:
+        return cls(pool, session, await pool.init_state(SHOP, config, session=session, template=template))
+
+    async def call(self, name: str, **arguments: Any) -> Any:
+        async def stored() -> str:
+            return self.state
+
+        outcome = await self.pool.session_call(SHOP, self.session, self.step, stored, name, arguments)
+        assert outcome.ok, outcome.error
+        self.step += 1
+        if outcome.state is not None:
+            self.state = outcome.state
+        return outcome.result
+
+
+async def test_sessions_from_one_template_start_alike_and_go_their_own_ways(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        plain = await pool.init_state(SHOP, {"count": 3})
+        first = await Live.start(pool, "a", "t-shop", {"count": 3})
+        second = await Live.start(pool, "b", "t-shop", {"count": 3})
+        (memory,) = (await pool.measure()).values()
+        assert memory.templates == 1
+        # the template built the instance once; both sessions are forks of it
+        assert await first.call("builds") == 1 and await second.call("builds") == 1
+        assert json.loads(first.state)["ticket"] == json.loads(second.state)["ticket"]
+        without_ticket = {k: v for k, v in json.loads(plain).items() if k != "ticket"}
+        assert {k: v for k, v in json.loads(first.state).items() if k != "ticket"} == without_ticket
+        assert (await first.call("buy", item="i2"))["left"] == 1
+        assert await second.call("stock", item="i2") == 2  # untouched by the other session
+        third = await Live.start(pool, "c", "t-shop", {"count": 3})
+        assert await third.call("stock", item="i2") == 2  # nor did it reach the template
+
+
+async def test_another_template_key_builds_its_own_instance(pool_factory: Any) -> None:
+    """The service makes the key from the tenant, the code and the config: another key (another
+    tenant, say) never starts from what a first one built."""
+    async with pool_factory(size=1) as pool:
+        first = await Live.start(pool, "a", "t-one", {"count": 3})
+        other = await Live.start(pool, "b", "t-two", {"count": 3})
+        assert json.loads(first.state)["ticket"] != json.loads(other.state)["ticket"]
+        (memory,) = (await pool.measure()).values()
+        assert memory.templates == 2
+
+
+async def test_an_init_that_fails_through_a_template_reports_its_error(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        with pytest.raises(Exception) as failed:
+            await pool.init_state(FAILING, {"fail": True}, session="a", template="t-fail")
+        assert "no shop today" in str(failed.value)
+        (memory,) = (await pool.measure()).values()
+        assert memory.templates == 0 and pool.replaced == 0
+        assert isinstance(await pool.init_state(FAILING, {}, session="b", template="t-fine"), str)
+
+
+async def test_a_deleted_environments_templates_end(pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        await Live.start(pool, "a", "t-shop", {"count": 3})
+        pool.unload(SHOP.key)
+        (memory,) = (await pool.measure()).values()
+        assert memory.templates == 0 and memory.live == 0
+        again = await Live.start(pool, "b", "t-shop", {"count": 3})
+        assert await again.call("builds") == 1  # a new host, a new template
