@@ -2,7 +2,7 @@
 
     pip install "envfoundry-client[verifiers]"
     vf-eval envfoundry-verifiers --env.taskset.base-url http://127.0.0.1:8000 \\
-        --env.taskset.env-ids '["library_circulation"]' -m MODEL --client.base-url URL/v1 -n 5 -r 4
+        --env.taskset.env-ids '["library_circulation"]' -m MODEL --client.base-url URL/v1 -n 5 -r 4 --push False
 
 verifiers resolves a taskset id to a top-level module (``envfoundry-verifiers`` is the
 ``envfoundry_verifiers`` module of this distribution, which re-exports what is here). That module
