@@ -29,6 +29,7 @@ def test_the_distribution_depends_on_httpx_only() -> None:
     assert meta["name"] == "envfoundry-client"
     assert [d.split(">")[0] for d in meta["dependencies"]] == ["httpx"]
     assert [d.split(">")[0] for d in meta["optional-dependencies"]["gym"]] == ["gymnasium"]
+    assert [d.split(">")[0] for d in meta["optional-dependencies"]["verifiers"]] == ["verifiers"]
     assert Path(ROOT / "clients" / "python" / "src" / "envfoundry_client" / "py.typed").is_file()
 
 

@@ -1,0 +1,161 @@
+"""verifiers' own ``vf-eval`` runs envfoundry scenarios through ``envfoundry-verifiers`` against a real server.
+
+verifiers 0.4.0 (PyPI) and the client, installed editable, live in .venv-verifiers
+(scripts/peer-venvs): verifiers pins mcp==2.0.0 and the service needs mcp>=2.3. One peer process
+(verifiers_peer.py) makes every run, as ``vf-eval ARGS`` would. The model is the scripted
+OpenAI-compatible server; the rewards come from the service's ``/score``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.auth import new_key
+from tests.client.agent_scripts import LIB_001, STORE_001
+from tests.client.test_rollout import task
+from tests.conftest import ROOT, Server, start_server
+from tests.scripted_openai import Running
+
+PEER = Path(__file__).with_name("verifiers_peer.py")
+MODEL = "scripted-agent"
+Runs = dict[str, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def verifiers_python() -> Path:
+    """The peer venv's interpreter (scripts/peer-venvs builds it once; scripts/test runs it first)."""
+    subprocess.run([str(ROOT / "scripts" / "peer-venvs"), "verifiers"], check=True, timeout=900)
+    return ROOT / ".venv-verifiers" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    """A service that takes only its one key."""
+    key, line = new_key("trainer", ["run"])
+    tmp = tmp_path_factory.mktemp("keyed")
+    (tmp / "keys.txt").write_text(line + "\n")
+    server = start_server(tmp, extra_env={"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys.txt")})
+    yield server, key
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], chat: Running,
+         tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Each run's outcome and episodes (traces.jsonl), by name, with the model requests its conversation made."""
+    tmp = tmp_path_factory.mktemp("vf")
+    lib, store = task(ef_server, "lib-001"), task(ef_server, "store-001")
+    # lib-001: track 0 solves it, track 1 does one part of three; store-001: the solving track, cut short
+    chat.script.reset({lib: LIB_001, store: STORE_001[:1]})
+    common = ["envfoundry-verifiers", "-m", MODEL,
+              "--client.base-url", chat.url, "--client.api-key-var", "SCRIPTED_KEY",
+              "--push", "False", "--rich", "None", "-o", str(tmp / "outputs")]
+    plan = {  # the runs are made in this order
+        "solve": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],
+        "foreign": ["--env.taskset.env-ids", '["library_circulation"]', "--env.taskset.scenario-ids", '["store-001"]'],
+        "cut": ["--env.taskset.scenario-ids", '["store-001"]',
+                "--env.agent.harness.id", "envfoundry-verifiers", "--env.agent.harness.max-turns", "1"],
+        "unscripted": ["--env.taskset.scenario-ids", '["lib-002"]'],  # the model answers 404 to this conversation
+        "keyed": ["--env.taskset.scenario-ids", '["lib-001"]'],  # the third lib-001 rollout: track 0 again
+    }
+    keyed_server, key = keyed
+    argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra, "--env.taskset.base-url",
+                                    (keyed_server if name == "keyed" else ef_server).url]}
+            for name, extra in plan.items()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
+    env.update(HOME=str(tmp), SCRIPTED_KEY="agent-key", ENVFOUNDRY_API_KEY=key)  # verifiers keeps its cache and scratch under HOME
+    done = subprocess.run([str(verifiers_python), str(PEER), json.dumps(argv)],
+                          capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out: Runs = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("RUN "):
+            result = json.loads(line[4:])
+            traces = tmp / "outputs" / result["name"] / "traces.jsonl"
+            result["written"] = traces.read_text() if traces.exists() else ""
+            result["episodes"] = [json.loads(e) for e in result["written"].splitlines()]
+            out[result["name"]] = result
+    asked = chat.script.agent_requests()
+    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve's, then keyed's
+    out["solve"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:]
+    out["cut"]["asked"] = [r for r in asked if r.route == store]
+    return out
+
+
+def played(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [trace for episode in run["episodes"] for trace in episode["traces"]]
+
+
+def test_vf_eval_plays_lib_001_and_scores_each_rollout_with_the_service(runs: Runs, ef_server: Server) -> None:
+    run = runs["solve"]
+    assert run["exit"] == 0, run
+    traces = played(run)
+    assert len(traces) == 2 and all(t["ok"] and not t["errors"] for t in traces), traces
+    assert sorted(t["rewards"]["checks"]["score"] for t in traces) == [pytest.approx(1 / 3), 1.0]
+    assert sorted((t["metrics"]["checks_passed"], t["metrics"]["checks_total"]) for t in traces) == [(1, 3), (3, 3)]
+    assert {t["task"]["key"] for t in traces} == {"lib-001"}
+    # the model was offered the session's tools, natively, under the environment's introduction
+    environment = httpx.get(f"{ef_server.url}/v1/environments/library_circulation").json()
+    for t in traces:
+        assert [tool["name"] for tool in t["tools"]] == [tool["function"]["name"] for tool in environment["tools"]]
+    asked = run["asked"]
+    assert len(asked) == 5  # track 0 answers three times, track 1 twice
+    assert all(r.native and r.model == MODEL and r.authorization == "Bearer agent-key" for r in asked)
+    assert all(r.messages[0]["role"] == "system" and environment["introduction"] in r.messages[0]["content"]
+               for r in asked)
+    # each tool message is the service's observation of that call, in the solved session
+    solved = next(t for t in traces if t["rewards"]["checks"]["score"] == 1.0)
+    messages = [node["message"] for node in solved["nodes"]]
+    called = [c["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert called == ["list_member_loans", "return_book", "checkout_book", "renew_loan"]
+    observations = [m["content"] for m in messages if m["role"] == "tool"]
+    assert len(observations) == 4 and all(o.startswith('{"success": true') for o in observations), observations
+    # each rollout's session was deleted after it was scored
+    for t in traces:
+        assert httpx.get(f"{ef_server.url}/v1/sessions/{t['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_a_scenario_outside_the_chosen_environments_is_refused_by_name(runs: Runs) -> None:
+    run = runs["foreign"]
+    assert run["exit"] != 0 and run["episodes"] == []
+    assert "scenario_ids not in the chosen environments ['library_circulation']: ['store-001']" in run["message"]
+
+
+def test_the_harness_stops_a_rollout_at_its_turn_limit_and_still_scores_it(runs: Runs, ef_server: Server) -> None:
+    run = runs["cut"]
+    assert run["exit"] == 0, run
+    (trace,) = played(run)
+    assert trace["stop_condition"] == "max_turns" and not trace["errors"]
+    assert len(run["asked"]) == 1  # one turn: the order is placed, never paid
+    assert (trace["metrics"]["checks_passed"], trace["metrics"]["checks_total"]) == (2, 3)  # all but the payment
+    assert trace["rewards"]["checks"]["score"] == pytest.approx(2 / 3)
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{trace['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_a_failing_model_ends_the_rollout_unscored_and_its_session_is_still_deleted(
+        runs: Runs, ef_server: Server) -> None:
+    run = runs["unscripted"]
+    assert run["exit"] == 0, run  # the eval goes on; the failure is the rollout's
+    (trace,) = played(run)
+    assert not trace["ok"] and trace["stop_condition"] == "provider_error" and trace["rewards"] == {}
+    (error,) = trace["errors"]
+    assert error["type"] == "ProviderError" and error["status_code"] == 404
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{trace['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_the_key_from_the_environment_reaches_a_keyed_service_and_no_trace(runs: Runs, keyed: tuple[Server, str]) -> None:
+    server, key = keyed
+    run = runs["keyed"]
+    assert run["exit"] == 0, run
+    (trace,) = played(run)
+    assert trace["ok"] and not trace["errors"] and trace["rewards"]["checks"]["score"] == 1.0
+    assert len(run["asked"]) == 3 and key not in run["written"]
+    assert httpx.post(f"{server.url}/v1/sessions", json={"scenario_id": "lib-001"}).status_code == 401
