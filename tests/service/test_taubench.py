@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ def client(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         server.stop()
 
 
-def scenarios(imported: Path) -> dict[str, dict[str, object]]:
+def scenarios(imported: Path) -> dict[str, dict[str, Any]]:
     lines = (imported / "taubench_shop" / "scenarios.jsonl").read_text().splitlines()
     return {record["scenario_id"]: record for record in map(json.loads, lines)}
 
@@ -60,10 +61,10 @@ def test_every_split_becomes_scenarios_without_a_copy_of_the_database(imported: 
     assert set(found) == {"taubench-shop-test-0", "taubench-shop-test-1", "taubench-shop-train-0"}
     second = found["taubench-shop-test-1"]
     assert second["task"].startswith("You are Alan Turing")
-    assert set(second["init_config"]) == {"_ground_truth", "_user_id"}  # type: ignore[arg-type]
-    assert [c["name"] for c in second["reference_solution"]] == [  # type: ignore[attr-defined]
+    assert set(second["init_config"]) == {"_ground_truth", "_user_id"}
+    assert [c["name"] for c in second["reference_solution"]] == [
         "find_user", "get_order", "transfer_to_human_agents", "respond"]
-    assert len(second["checklist"]) == 2  # type: ignore[arg-type]
+    assert len(second["checklist"]) == 2
 
 
 def test_validate_replays_every_reference_solution_to_one(imported: Path) -> None:
