@@ -1,7 +1,7 @@
 """Import BFCL's multi-turn categories from an installed ``bfcl-eval`` as catalog packages.
 
-The package is read as files, never imported (importing it pulls in its model
-SDKs): the entries and ground truth under ``data/``, the function docs under
+The package is read as files, never imported (its API modules import packages
+such as mpmath and sentence-transformers, and the service runs none of its code): the entries and ground truth under ``data/``, the function docs under
 ``data/multi_turn_func_doc/``, and the API classes' source under
 ``eval_checker/multi_turn_eval/func_source_code/``. The sources are embedded in
 the generated environment code, which only ever runs in the sandbox; each runs
@@ -154,7 +154,9 @@ def _backend(package: Path) -> _Backend:
                         docs=dict(values["MULTI_TURN_FUNC_DOC_FILE_MAPPING"]),
                         stateless=list(values.get("STATELESS_CLASSES", [])))
     except (OSError, SyntaxError, ValueError, KeyError) as exc:
-        raise CatalogError(f"{path}: cannot read BFCL's class mappings ({exc})", path=str(path)) from exc
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise CatalogError(f"not a bfcl_eval package: cannot read BFCL's class mappings ({reason})",
+                           path=str(path)) from exc
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

@@ -115,5 +115,5 @@ def test_categories_it_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:
                  "--category", "multi_turn_miss_func")
     assert result.returncode == 2 and "invalid choice: 'multi_turn_miss_func'" in result.stderr
     result = run("catalog", "import-bfcl", "--source", str(tmp_path), "--out", str(tmp_path / "out"))
-    assert result.returncode == 1 and "cannot read BFCL's class mappings" in result.stderr
+    assert result.returncode == 1 and "not a bfcl_eval package: cannot read BFCL's class mappings" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -24,7 +24,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("taubench") / "catalog"
     result = run("catalog", "import-taubench", str(CHECKOUT), "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"wrote 1 environments and 3 scenarios to {out}")
+    assert result.stdout.strip().endswith(f"wrote 1 environments and 4 scenarios to {out}")
     return out
 
 
@@ -58,19 +58,24 @@ def test_a_domain_becomes_one_package_with_the_wiki_rules_and_the_benchmarks_too
 
 def test_every_split_becomes_scenarios_without_a_copy_of_the_database(imported: Path) -> None:
     found = scenarios(imported)
-    assert set(found) == {"taubench-shop-test-0", "taubench-shop-test-1", "taubench-shop-train-0"}
+    assert set(found) == {"taubench-shop-dev-0", "taubench-shop-test-0", "taubench-shop-test-1",
+                          "taubench-shop-train-0"}
     second = found["taubench-shop-test-1"]
     assert second["task"].startswith("You are Alan Turing")
     assert set(second["init_config"]) == {"_ground_truth", "_user_id"}
     assert [c["name"] for c in second["reference_solution"]] == [
         "find_user", "get_order", "transfer_to_human_agents", "respond"]
-    assert len(second["checklist"]) == 2
+    assert len(second["checklist"]) == 2 and "unchanged_is_correct" not in second  # it needs an answer
+    assert found["taubench-shop-dev-0"]["unchanged_is_correct"] is True
 
 
 def test_validate_replays_every_reference_solution_to_one(imported: Path) -> None:
     result = run("catalog", "validate", str(imported))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().endswith("1 environments, 3 scenarios, 0 problems")
+    assert result.stdout.strip().endswith("1 environments, 4 scenarios, 0 problems")
+    # The dev task's answer is a refusal: as in tau-bench, an untouched database is the right one.
+    assert ("NOTE taubench_shop/taubench-shop-dev-0: every check passes on the initial state, as declared"
+            in result.stdout)
 
 
 def test_the_database_check_is_taubenchs_hash_against_the_ground_truth_replay(client: httpx.Client) -> None:
@@ -102,11 +107,11 @@ def test_required_outputs_are_looked_for_in_respond_messages(client: httpx.Clien
     assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
 
 
-def test_a_scenario_of_another_split_is_served_beside_the_test_split(client: httpx.Client) -> None:
+def test_every_split_is_served_beside_the_test_split(client: httpx.Client) -> None:
     listed = client.get("/v1/environments/taubench_shop/scenarios").json()["scenarios"]
-    assert {s["scenario_id"] for s in listed} == {"taubench-shop-test-0", "taubench-shop-test-1",
-                                                  "taubench-shop-train-0"}
-    problem(client.post("/v1/sessions", json={"scenario_id": "taubench-shop-dev-0"}), 404, "not-found")
+    assert {s["scenario_id"] for s in listed} == {"taubench-shop-dev-0", "taubench-shop-test-0",
+                                                  "taubench-shop-test-1", "taubench-shop-train-0"}
+    problem(client.post("/v1/sessions", json={"scenario_id": "taubench-shop-dev-1"}), 404, "not-found")
 
 
 def test_a_folder_that_is_not_a_checkout_is_a_plain_error(tmp_path: Path) -> None:
