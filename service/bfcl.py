@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.arguments import ArgumentChecker
 from service.catalog import (
     Catalog,
     CatalogError,
@@ -370,6 +371,16 @@ def _checks(combo: _Combination, calls: list[ToolCall]) -> list[CheckItem]:
     return checks
 
 
+def _schema_mismatch(combo: _Combination, calls: list[ToolCall]) -> str | None:
+    overrides = _overrides(combo)
+    for call in calls:
+        schema = overrides.get(call.name, {}).get("parameters")
+        problem = ArgumentChecker(schema).problem(call.arguments) if isinstance(schema, dict) else None
+        if problem:
+            return f"{call.name}: {problem}"
+    return None
+
+
 def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES) -> ImportReport:
     """Write the multi-turn ``categories`` of bfcl-eval (installed, or at ``package``) as packages under ``out``.
 
@@ -430,6 +441,10 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                 continue
             if not calls:
                 report.skipped.append(f"{entry_id}: no ground truth in possible_answer")
+                continue
+            mismatch = _schema_mismatch(combo, calls)
+            if mismatch:  # the service checks every call against the tool's schema, so it could never replay
+                report.skipped.append(f"{entry_id}: its ground truth does not match BFCL's own schema: {mismatch}")
                 continue
             catalog.add_scenario(Scenario(
                 scenario_id=f"bfcl-{entry_id.replace('_', '-')}", env_id=combo.env_id, task=_task(entry),

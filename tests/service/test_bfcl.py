@@ -44,6 +44,9 @@ def test_one_environment_per_set_of_classes_and_excluded_functions(imported: tup
     assert printed.strip().endswith(f"wrote 3 environments and 3 scenarios to {out}")
     # An entry whose classes import a package the sandbox lacks is named, with the package.
     assert "SKIPPED multi_turn_base_2: CounterAPI, CalcAPI import mpmath, which the sandbox does not have" in printed
+    # So is one whose ground truth the service could never replay: it breaks BFCL's own schema.
+    assert ("SKIPPED multi_turn_base_3: its ground truth does not match BFCL's own schema: add_note: "
+            "argument 'title': 5 is not of type 'string'") in printed
     tools = json.loads((out / "bfcl_NotesAPI_without_delete_note" / "env.json").read_text())["tools"]
     assert set(tools) == {"add_note", "list_titles"}
     both = json.loads((out / "bfcl_CounterAPI-NotesAPI" / "env.json").read_text())["tools"]
