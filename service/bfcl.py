@@ -452,7 +452,8 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                              "_long_context": category == "multi_turn_long_context"},
                 checklist=_checks(combo, calls), reference_solution=calls))
     for env in catalog.environments.values():
-        write_package(env, catalog.scenarios_of(env.env_id), Path(out))
-    report.environments = len(catalog.environments)
+        if catalog.scenarios_of(env.env_id):  # every entry of a combination may have been skipped
+            write_package(env, catalog.scenarios_of(env.env_id), Path(out))
+            report.environments += 1
     report.scenarios = len(catalog.scenarios)
     return report

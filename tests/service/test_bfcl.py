@@ -6,6 +6,9 @@ faiss) are far heavier than the files the importer reads."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,3 +123,13 @@ def test_categories_it_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:
     result = run("catalog", "import-bfcl", "--source", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode == 1 and "not a bfcl_eval package: cannot read BFCL's class mappings" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_without_source_it_reads_the_installed_package_without_importing_it(tmp_path: Path) -> None:
+    # The fixture's __init__ raises ImportError: the import succeeds only if the package is never imported.
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE.parent}{os.pathsep}{ROOT}"}
+    result = subprocess.run([sys.executable, "-m", "service.cli", "catalog", "import-bfcl", "--out",
+                             str(tmp_path / "out"), "--category", "multi_turn_base"],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"wrote 2 environments and 2 scenarios to {tmp_path / 'out'}")
