@@ -59,6 +59,9 @@ class Scenario:
     init_config: dict[str, Any]
     checklist: list[CheckItem] = field(default_factory=list)
     reference_solution: list[ToolCall] | None = None
+    # The correct outcome may leave the state as it was (a benchmark task whose answer is to refuse):
+    # validation then notes, rather than reports, checks that pass before any call.
+    unchanged_is_correct: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -72,6 +75,8 @@ class Scenario:
             data["reference_solution"] = [
                 {"name": c.name, "arguments": c.arguments} for c in self.reference_solution
             ]
+        if self.unchanged_is_correct:
+            data["unchanged_is_correct"] = True
         return data
 
     @classmethod
@@ -122,6 +127,7 @@ class Scenario:
             init_config=data["init_config"],
             checklist=checklist,
             reference_solution=solution,
+            unchanged_is_correct=data.get("unchanged_is_correct") is True,
         )
 
 

@@ -7,8 +7,12 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.envscaler import ImportReport
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -143,10 +147,27 @@ def cmd_import(args: argparse.Namespace) -> int:
     from service.envscaler import import_envscaler
 
     report = import_envscaler(Path(args.envs), Path(args.scenarios) if args.scenarios else None, Path(args.out))
+    return _print_import(report, args.out)
+
+
+def _print_import(report: ImportReport, out: str) -> int:
     for reason in report.skipped:
         print(f"SKIPPED {reason}")
-    print(f"wrote {report.environments} environments and {report.scenarios} scenarios to {args.out}")
+    print(f"wrote {report.environments} environments and {report.scenarios} scenarios to {out}")
     return 0
+
+
+def cmd_import_taubench(args: argparse.Namespace) -> int:
+    from service.taubench import import_taubench
+
+    return _print_import(import_taubench(Path(args.checkout), Path(args.out)), args.out)
+
+
+def cmd_import_bfcl(args: argparse.Namespace) -> int:
+    from service.bfcl import CATEGORIES, import_bfcl
+
+    categories = tuple(args.category or CATEGORIES)
+    return _print_import(import_bfcl(Path(args.out), Path(args.source) if args.source else None, categories), args.out)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -203,6 +224,18 @@ def parser() -> argparse.ArgumentParser:
     imp.add_argument("scenarios", nargs="?", metavar="SCENARIOS.json")
     imp.add_argument("--out", required=True, metavar="DIR")
     imp.set_defaults(run=cmd_import)
+
+    tau = catalog.add_parser("import-taubench", help="convert a tau-bench checkout (retail, airline) into packages")
+    tau.add_argument("checkout", metavar="PATH", help="a clone of github.com/sierra-research/tau-bench")
+    tau.add_argument("--out", required=True, metavar="DIR")
+    tau.set_defaults(run=cmd_import_taubench)
+
+    bfcl = catalog.add_parser("import-bfcl", help="convert the installed bfcl-eval's multi-turn categories into packages")
+    bfcl.add_argument("--out", required=True, metavar="DIR")
+    bfcl.add_argument("--source", metavar="DIR", help="a bfcl_eval package folder (default: the installed one)")
+    bfcl.add_argument("--category", action="append", choices=["multi_turn_base", "multi_turn_long_context"],
+                      help="repeatable; default: both")
+    bfcl.set_defaults(run=cmd_import_bfcl)
 
     exp = catalog.add_parser("export-envscaler", help="write packages back as EnvScaler's JSON shapes")
     exp.add_argument("dirs", nargs="+", metavar="DIR")

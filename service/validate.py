@@ -56,7 +56,10 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
             created = await sessions.create(scenario.scenario_id, None, None)
             sid = created.meta.session_id
             before = await sessions.score(sid)
-            if before["total"] and before["passed"] == before["total"]:
+            if before["total"] and before["passed"] == before["total"] and scenario.unchanged_is_correct:
+                report.notes.append(f"{where}: every check passes on the initial state, as declared "
+                                    "(unchanged_is_correct: the correct outcome changes nothing)")
+            elif before["total"] and before["passed"] == before["total"]:
                 report.problems.append(f"{where}: every check already passes on the initial state "
                                        "(an agent that does nothing scores 1.0)")
             for check in before["checks"]:
@@ -68,6 +71,8 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
                 if not step["ok"]:
                     report.problems.append(f"{where}: reference_solution[{i}] {call.name}: {step['observation']}")
             score = await sessions.score(sid)
+            # Thousands of scenarios (an imported benchmark) must not all stay in memory at once.
+            await sessions.delete(sid)
         except ServiceError as exc:
             report.problems.append(f"{where}: {exc.detail}")
             continue

@@ -37,6 +37,8 @@ def add_parsers(sub: Any) -> None:
     ro.add_argument("--scenario", action="append", default=[], metavar="ID", help="a scenario (repeatable)")
     ro.add_argument("--env", action="append", default=[], metavar="ENV_ID",
                     help="every scenario of an environment (repeatable); default: all scenarios")
+    ro.add_argument("--prefix", default="", metavar="TEXT",
+                    help="only scenarios whose id starts with TEXT, e.g. a benchmark split: taubench-retail-test-")
     ro.add_argument("--mode", choices=["task", "conversation"], default="task")
     ro.add_argument("--tool-format", choices=["native", "prompt"], default="native",
                     help="native function calling, or tools in the system prompt and <tool_call> blocks in text")
@@ -62,7 +64,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from envfoundry_client.chat import ChatLLM
     from envfoundry_client.client import AsyncClient
-    from envfoundry_client.report import Progress, failed_outside_agent, failures, summarize, table
+    from envfoundry_client.report import Progress, benchmark_lines, failed_outside_agent, failures, summarize, table
     from envfoundry_client.rollout import RolloutOptions, rollout, select
 
     options = RolloutOptions(mode=args.mode, tool_format=args.tool_format, samples=args.samples,
@@ -74,7 +76,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                       temperature=args.temperature, max_tokens=args.max_tokens)
         try:
             async with AsyncClient(args.server, api_key=args.api_key) as ef:
-                scenarios = await select(ef, args.scenario, args.env)
+                scenarios = [s for s in await select(ef, args.scenario, args.env) if s.startswith(args.prefix)]
                 if not scenarios:
                     raise EnvfoundryError("no scenario matches the selection")
                 progress = Progress(len(scenarios) * args.samples)
@@ -88,6 +90,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     records = asyncio.run(run())
     print(table(summarize(records)))
+    for line in benchmark_lines(records):
+        print(line)
     print(f"wrote {len(records)} trajectories to {args.out}")
     problem = failures(records)
     if problem is None:

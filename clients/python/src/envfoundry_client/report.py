@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
+from math import comb
 from typing import TextIO
 
 from envfoundry_client.models import JSON
@@ -132,3 +133,37 @@ class Progress:
     def _write(self, text: str) -> None:
         self.stream.write(text)
         self.stream.flush()
+
+
+# Environments written by ``envfoundry catalog import-taubench`` and ``import-bfcl`` carry these prefixes.
+TAU_BENCH_PREFIX = "taubench_"
+BFCL_PREFIX = "bfcl_"
+
+
+def pass_hat_k(records: list[JSON]) -> list[float]:
+    """tau-bench's pass^k for k = 1 .. the fewest samples any scenario has: over scenarios, the chance
+    that k samples drawn from its n all succeed, C(c, k) / C(n, k) with c the successes."""
+    by_scenario: dict[str, list[JSON]] = defaultdict(list)
+    for r in records:
+        by_scenario[str(r["scenario_id"])].append(r)
+    if not by_scenario:
+        return []
+    fewest = min(len(group) for group in by_scenario.values())
+    counts = [(len(group), sum(_success(r) for r in group)) for group in by_scenario.values()]
+    return [sum(comb(c, k) / comb(n, k) for n, c in counts) / len(counts) for k in range(1, fewest + 1)]
+
+
+def benchmark_lines(records: list[JSON]) -> list[str]:
+    """Each imported benchmark's own metric: pass^k for tau-bench, accuracy (the share of episodes
+    whose every check passed, as BFCL counts an entry correct) for BFCL."""
+    lines = []
+    tau = [r for r in records if str(r["env_id"]).startswith(TAU_BENCH_PREFIX)]
+    if tau:
+        scores = "  ".join(f"pass^{k} {value:.3f}" for k, value in enumerate(pass_hat_k(tau), start=1))
+        tasks = len({r["scenario_id"] for r in tau})
+        lines.append(f"tau-bench: {scores} ({tasks} tasks, {len(tau)} episodes)")
+    bfcl = [r for r in records if str(r["env_id"]).startswith(BFCL_PREFIX)]
+    if bfcl:
+        correct = sum(_success(r) for r in bfcl)
+        lines.append(f"BFCL multi-turn: accuracy {correct / len(bfcl):.3f} ({correct}/{len(bfcl)} episodes)")
+    return lines
