@@ -168,7 +168,7 @@ async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
         env_id=body.env_id,
         task=body.task,
         init_config=body.init_config,
-        checklist=[CatalogCheck(item=c.item, check=c.check) for c in body.checklist],
+        checklist=[CatalogCheck(item=c.item, check=c.check, kind=c.kind) for c in body.checklist],
         reference_solution=None if body.reference_solution is None else [
             ToolCall(name=c.name, arguments=c.arguments) for c in body.reference_solution
         ],

@@ -39,10 +39,16 @@ class ConflictError(CatalogError):
     """An id is already taken by a different definition."""
 
 
+CHECK_KINDS = ("change", "keep")
+
+
 @dataclass(frozen=True)
 class CheckItem:
     item: str
     check: str
+    # What the check is about, when its author said: a state the agent must bring about ("change"),
+    # or one it must leave as it was ("keep", which passes on the initial state too).
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ class Scenario:
             "env_id": self.env_id,
             "task": self.task,
             "init_config": self.init_config,
-            "checklist": [{"item": c.item, "check": c.check} for c in self.checklist],
+            "checklist": [{"item": c.item, "check": c.check, **({"kind": c.kind} if c.kind else {})}
+                          for c in self.checklist],
         }
         if self.reference_solution is not None:
             data["reference_solution"] = [
@@ -94,7 +101,11 @@ class Scenario:
                 raise CatalogError(
                     f"{where}: checklist[{i}] must be {{item, check}}", field=f"checklist[{i}]", path=where
                 )
-            checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"]))
+            kind = entry.get("kind")
+            if kind is not None and kind not in CHECK_KINDS:
+                raise CatalogError(f"{where}: checklist[{i}].kind must be 'change' or 'keep'",
+                                   field=f"checklist[{i}].kind", path=where)
+            checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"], kind=kind))
         solution = None
         if data.get("reference_solution") is not None:
             if not isinstance(data["reference_solution"], list):

@@ -64,6 +64,9 @@ class EnvironmentCreate(Strict):
 class CheckItem(Strict):
     item: str = Field(max_length=4096)
     check: str = Field(max_length=MAX_TEXT, description="Source defining check_func(final_state) -> bool.")
+    kind: Literal["change", "keep"] | None = Field(default=None, description=(
+        "'change': a state the agent must bring about (it should fail on the initial state); 'keep': one it "
+        "must leave as it was (it passes on the initial state too). Optional; `catalog validate` uses it."))
 
 
 class ToolCallSpec(Strict):

@@ -62,10 +62,15 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
             elif before["total"] and before["passed"] == before["total"]:
                 report.problems.append(f"{where}: every check already passes on the initial state "
                                        "(an agent that does nothing scores 1.0)")
-            for check in before["checks"]:
-                if check["passed"]:
+            for check, item in zip(before["checks"], scenario.checklist, strict=True):
+                if not check["passed"] or item.kind == "keep":
+                    continue  # a keep check is meant to pass on the initial state
+                if item.kind == "change":
+                    report.problems.append(f"{where}: a 'change' check passes before any call, so it checks "
+                                           f"nothing the agent does: {check['item']}")
+                else:
                     report.notes.append(f"{where}: passes before any call (fine for a 'leave unchanged' "
-                                        f"check): {check['item']}")
+                                        f"check; give it kind 'keep' to say so): {check['item']}")
             for i, call in enumerate(scenario.reference_solution):
                 step = (await sessions.call(sid, call.name, call.arguments)).record
                 if not step["ok"]:

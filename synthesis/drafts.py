@@ -23,7 +23,7 @@ class Draft:
     def scenario(self, key: str, env_id: str, seed: InitState) -> Scenario:
         return Scenario(
             scenario_id=key, env_id=env_id, task=self.spec.task, init_config=seed.init_config,
-            checklist=[CheckItem(c.item, c.source) for c in self.checks],
+            checklist=[CheckItem(c.item, c.source, c.kind) for c in self.checks],
             reference_solution=[ToolCall(c.name, c.arguments) for c in self.calls],
         )  # fmt: skip
 

@@ -285,11 +285,14 @@ def test_create_environment_and_scenario_then_play(client: httpx.Client, server:
     scenario = client.post("/v1/scenarios", json={
         "env_id": env_id, "task": "Deposit 5.", "init_config": {"balance": 1},
         "checklist": [{"item": "balance is 6", "check": "def check_func(final_state):\n"
-                       "    return final_state['balance'] == 6"}],
+                       "    return final_state['balance'] == 6", "kind": "change"},
+                      {"item": "no overdraft", "check": "def check_func(final_state):\n"
+                       "    return final_state['balance'] >= 0", "kind": "keep"}],
     })
     assert scenario.status_code == 201, scenario.text
     scenario_id = scenario.json()["scenario_id"]
-    assert client.get(f"/v1/scenarios/{scenario_id}").json()["checklist"][0]["item"] == "balance is 6"
+    checklist = client.get(f"/v1/scenarios/{scenario_id}").json()["checklist"]
+    assert [(c["item"], c["kind"]) for c in checklist] == [("balance is 6", "change"), ("no overdraft", "keep")]
     sid = new_session(client, scenario_id=scenario_id)
     assert call(client, sid, "deposit", {"amount": 5})["result"] == {"success": True, "data": 6}
     assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0

@@ -55,6 +55,33 @@ def test_validate_reports_checks_that_cannot_fail(tmp_path: Path) -> None:
     assert f"{lines[0]['scenario_id']}: every check already passes on the initial state" in result.stdout
 
 
+def test_validate_reads_the_kind_of_a_check_that_passes_before_any_call(tmp_path: Path) -> None:
+    """A 'keep' check passing on the initial state is what it is for; a 'change' check passing there
+    checks nothing the agent does; a check of no kind gets the note it always got."""
+    catalog = tmp_path / "catalog"
+    shutil.copytree(BUNDLED / "library_circulation", catalog / "library_circulation")
+    path = catalog / "library_circulation" / "scenarios.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    always = "def check_func(final_state):\n    return True"
+    keep, change, plain = ({"item": f"{kind} check", "check": always, **({"kind": kind} if kind else {})}
+                           for kind in ("keep", "change", None))
+    lines[0]["checklist"] += [keep, change]
+    lines[1]["checklist"] += [plain]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run("catalog", "validate", str(catalog))
+    assert result.returncode == 1
+    first, second = lines[0]["scenario_id"], lines[1]["scenario_id"]
+    assert f"{first}: a 'change' check passes before any call, so it checks nothing the agent does: change check" \
+        in result.stdout
+    assert "keep check" not in result.stdout
+    assert f"{second}: passes before any call (fine for a 'leave unchanged' check; give it kind 'keep' to say " \
+           "so): None check" in result.stdout
+    bad = dict(lines[0], checklist=[{"item": "x", "check": always, "kind": "maybe"}])
+    path.write_text(json.dumps(bad) + "\n")
+    refused = run("catalog", "validate", str(catalog))
+    assert refused.returncode != 0 and "checklist[0].kind must be 'change' or 'keep'" in refused.stdout + refused.stderr
+
+
 def test_validate_reports_a_package_that_does_not_load(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(BUNDLED / "online_store_orders", broken / "online_store_orders")

@@ -87,6 +87,9 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
     assert scenario["provenance"]["reasks"] == [{"template": "check_func", "item": "s01-c3", "turn": 0, "cut_off": False,
                                                  "problem": "line 4: the check modifies the state it inspects; read it "
                                                             "without changing it"}]  # fmt: skip
+    # published checks say whether they check a change or something left as it was
+    assert {c.get("kind") for c in scenario["checklist"]} <= {"change", "keep"} and scenario["checklist"]
+    assert all(c.get("kind") in ("change", "keep") for c in scenario["checklist"])
     provenance = json.loads((first_run.out / "parking_permits" / "env.json").read_text())["provenance"]["assessment"]
     assert (provenance["removed"], provenance["first_counts"]["fail"], provenance["ratio"]) == (["cancel_permit"], 3, 1.0)
     # scenario generation saw only what remains of it: no removed tool, no rule or text about cancelling

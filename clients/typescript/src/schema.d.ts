@@ -354,6 +354,11 @@ export interface components {
             check: string;
             /** Item */
             item: string;
+            /**
+             * Kind
+             * @description 'change': a state the agent must bring about (it should fail on the initial state); 'keep': one it must leave as it was (it passes on the initial state too). Optional; `catalog validate` uses it.
+             */
+            kind?: ("change" | "keep") | null;
         };
         /** CheckResult */
         CheckResult: {
