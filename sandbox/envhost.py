@@ -199,36 +199,24 @@ class EnvHost:
     def start_template(self, message: dict[str, Any]) -> tuple[int, int]:
         """Fork a template host: it builds the instance of ``message`` within its timeout (else the
         worker ends it) and then serves forks of itself like any host."""
-        worker_end, template_end = socket.socketpair()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the template
+
+        def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the template
+            detach_standard_streams()
+            live = LiveSession(self.module, self.cls)
             try:
-                die_with_parent()
-                if os.getppid() != parent:
-                    os._exit(1)
-                close_inherited(keep=(template_end.fileno(),))
-                os.setpgid(0, 0)
-                detach_standard_streams()
-                live = LiveSession(self.module, self.cls)
-                try:
-                    _within_deadline(lambda: live.prepare(message), float(message.get("timeout", DEFAULT_TIMEOUT)),
-                                     self.limits.output_bytes, "initialise")
-                except Failure as exc:
-                    channel.send(template_end, {"error": error(exc.kind, exc.message)})
-                    os._exit(0)
-                except BaseException as exc:
-                    channel.send(template_end, {"error": error(TOOL_EXCEPTION, describe(exc))})
-                    os._exit(0)
-                channel.send(template_end, {"ok": True, "digest": live.digest})
-                gc.freeze()
-                EnvHost(self.module, self.cls, self.limits, prebuilt=live).serve(template_end)
-            finally:
-                os._exit(0)
-        template_end.close()
-        fd = os.dup(worker_end.fileno())
-        worker_end.close()
-        return pid, fd
+                _within_deadline(lambda: live.prepare(message), float(message.get("timeout", DEFAULT_TIMEOUT)),
+                                 self.limits.output_bytes, "initialise")
+            except Failure as exc:
+                channel.send(sock, {"error": error(exc.kind, exc.message)})
+                return
+            except BaseException as exc:
+                channel.send(sock, {"error": error(TOOL_EXCEPTION, describe(exc))})
+                return
+            channel.send(sock, {"ok": True, "digest": live.digest})
+            gc.freeze()
+            EnvHost(self.module, self.cls, self.limits, prebuilt=live).serve(sock)
+
+        return fork_host(run)
 
 
 def _within_deadline(run: Callable[[], Any], timeout: float, output_bytes: int, what: str) -> None:
@@ -310,6 +298,29 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
 
 
 def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
+    def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the host
+        if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
+            seccomp.confine_session()
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        try:
+            module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],
+                                      float(spec.get("timeout", DEFAULT_TIMEOUT)), limits.output_bytes)
+        except Failure as exc:
+            channel.send(sock, {"error": error(exc.kind, exc.message)})
+        else:
+            channel.send(sock, {"ok": True})
+            # Objects that exist now are shared with every fork; kept out of the collector's
+            # walks, forks do not copy the pages holding them just to count references.
+            gc.freeze()
+            EnvHost(module, cls, limits).serve(sock)
+
+    return fork_host(run)
+
+
+def fork_host(run: Callable[[socket.socket], None]) -> tuple[int, int]:
+    """Fork a host process (an environment's host, or a template of one): a process group of its
+    own, dying with its parent, holding only its end of a new socket, on which ``run`` serves.
+    Returns its pid and the descriptor of the other end, for the worker."""
     worker_end, host_end = socket.socketpair()
     parent = os.getpid()
     pid = os.fork()
@@ -320,20 +331,7 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
                 os._exit(1)
             close_inherited(keep=(host_end.fileno(),))
             os.setpgid(0, 0)
-            if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
-                seccomp.confine_session()
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-            try:
-                module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],
-                                          float(spec.get("timeout", DEFAULT_TIMEOUT)), limits.output_bytes)
-            except Failure as exc:
-                channel.send(host_end, {"error": error(exc.kind, exc.message)})
-            else:
-                channel.send(host_end, {"ok": True})
-                # Objects that exist now are shared with every fork; kept out of the collector's
-                # walks, forks do not copy the pages holding them just to count references.
-                gc.freeze()
-                EnvHost(module, cls, limits).serve(host_end)
+            run(host_end)
         finally:
             os._exit(0)
     host_end.close()
