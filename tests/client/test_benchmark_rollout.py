@@ -12,9 +12,9 @@ import pytest
 from envfoundry_client.report import benchmark_lines, pass_hat_k
 
 from tests.client.agent_scripts import Turn, call
-from tests.client.scripted_chat import Running
 from tests.client.test_rollout import envfoundry
 from tests.conftest import ROOT, Server, start_server
+from tests.scripted_openai import Running
 
 FIXTURES = ROOT / "tests" / "fixtures"
 
