@@ -1,0 +1,155 @@
+"""What a session costs at a 4 KB state and at a 3 MB database, through the API, as ratios.
+
+    .venv/bin/python bench/state_size.py [--repeat 15] [--redis redis://127.0.0.1:6379/0]
+
+Serves one environment class (`envfoundry serve`, pinned to CPU 1, 2 workers) whose scenarios
+differ only in the size of their initial state: 25 records (4 KB) and 20,000 (3.6 MB, the size
+of tau-bench's airline database). For each it prints the p50 of creating a session from the
+scenario (the first create, which builds the scenario's template, apart), of a read call, of a
+one-record write, of `GET /state`, and of a fork at the current step and at step 1, and the
+ratio 3 MB / 4 KB of each, both measured in this run. With `--redis` it also prints the Redis
+bytes one session holds after create and five one-record writes (`MEMORY USAGE` of its keys).
+The client is sequential (one request at a time): these are latencies, not throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.servers import launch_service  # noqa: E402
+from service.catalog import CheckItem, Scenario, ToolCall, build_environment, write_package  # noqa: E402
+
+CODE = '''
+class World:
+    """Reservations: the state of a benchmark's database."""
+
+    def __init__(self, config=None):
+        size = (config or {}).get("size", 25)
+        self.reservations = {f"R{i:05d}": {"user": f"user_{i % 997}", "flights": [{"number": f"HAT{i % 300:03d}",
+                             "date": "2024-05-01", "price": i % 500}], "status": "confirmed", "note": "x" * 60}
+                             for i in range(size)}
+
+    def get_reservation(self, reservation_id: str) -> dict:
+        """Look a reservation up.
+
+        Args:
+            reservation_id: its id
+        """
+        return self.reservations[reservation_id]
+
+    def cancel_reservation(self, reservation_id: str) -> dict:
+        """Cancel a reservation.
+
+        Args:
+            reservation_id: its id
+        """
+        self.reservations[reservation_id]["status"] = "cancelled"
+        return {"success": True}
+'''
+SIZES = {"4 KB": 25, "3 MB": 20000}
+
+
+def catalog(out: Path) -> Path:
+    env = build_environment(env_id="bench_world", class_name="World", code=CODE, summary="Reservations of several sizes.")
+    done = "def check_func(final_state):\n    return True"
+    scenarios = [Scenario(scenario_id=f"world-{label.replace(' ', '').lower()}", env_id="bench_world", task="Any.",
+                          init_config={"size": size}, checklist=[CheckItem("any", done)],
+                          reference_solution=[ToolCall("get_reservation", {"reservation_id": "R00001"})])
+                 for label, size in SIZES.items()]
+    write_package(env, scenarios, out)
+    return out
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def measure(client: httpx.Client, scenario_id: str, repeat: int, redis_url: str | None,
+            prefix: str | None) -> dict[str, float]:
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = client.post(path, json=body)
+        assert answer.status_code in (200, 201), answer.text
+        result: dict[str, Any] = answer.json()
+        return result
+
+    figures: dict[str, list[float]] = {k: [] for k in ("create", "read", "write", "state", "fork", "fork@1")}
+    started = time.perf_counter()
+    first = post("/v1/sessions", {"scenario_id": scenario_id})["session_id"]
+    first_create = time.perf_counter() - started
+    for n in range(2):  # a history to fork from at a past step
+        post(f"/v1/sessions/{first}/calls", {"name": "cancel_reservation", "arguments": {"reservation_id": f"R{n:05d}"}})
+    sessions = [first]
+    for n in range(repeat):
+        for name, run in (
+            ("create", lambda: sessions.append(post("/v1/sessions", {"scenario_id": scenario_id})["session_id"])),
+            ("read", lambda: post(f"/v1/sessions/{sessions[-1]}/calls", {"name": "get_reservation",
+                                                                       "arguments": {"reservation_id": "R00001"}})),
+            ("write", lambda n=n: post(f"/v1/sessions/{sessions[-1]}/calls", {
+                "name": "cancel_reservation", "arguments": {"reservation_id": f"R{n % 20:05d}"}})),
+            ("state", lambda: client.get(f"/v1/sessions/{sessions[-1]}/state").raise_for_status()),
+            ("fork", lambda: sessions.append(post(f"/v1/sessions/{sessions[-1]}/fork", {})["session_id"])),
+            ("fork@1", lambda: sessions.append(post(f"/v1/sessions/{first}/fork", {"step": 1})["session_id"])),
+        ):
+            started = time.perf_counter()
+            run()
+            figures[name].append(time.perf_counter() - started)
+    result = {name: p50(samples) for name, samples in figures.items()}
+    result["first create"] = first_create * 1000
+    if redis_url and prefix:
+        result["redis KiB"] = redis_bytes(client, scenario_id, redis_url, prefix) / 1024
+    for sid in sessions:
+        client.delete(f"/v1/sessions/{sid}")
+    return result
+
+
+def redis_bytes(client: httpx.Client, scenario_id: str, redis_url: str, prefix: str) -> int:
+    import redis
+
+    sid = client.post("/v1/sessions", json={"scenario_id": scenario_id}).json()["session_id"]
+    for n in range(5):
+        client.post(f"/v1/sessions/{sid}/calls", json={"name": "cancel_reservation",
+                                                       "arguments": {"reservation_id": f"R{n:05d}"}})
+    store = redis.Redis.from_url(redis_url)
+    used = sum(store.memory_usage(key) or 0 for key in store.scan_iter(match=f"{prefix}:*{sid}*", count=1000))
+    client.delete(f"/v1/sessions/{sid}")
+    return used
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--redis", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = catalog(Path(tmp) / "catalog")
+        server = launch_service("state-size", folder, 1, Path(tmp), workers=2, redis_url=args.redis,
+                                sandbox="process")
+        try:
+            server.wait_ready()
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                rows = {label: measure(client, f"world-{label.replace(' ', '').lower()}", args.repeat, args.redis,
+                                       server.key_prefix) for label in SIZES}
+        finally:
+            server.stop()
+    small, large = rows["4 KB"], rows["3 MB"]
+    store = "redis" if args.redis else "memory"
+    print(f"p50 ms over {args.repeat} each, {store} store, one server on CPU 1 (2 workers)")
+    print(f"{'':>14} {'4 KB':>9} {'3 MB':>9} {'3 MB / 4 KB':>12}")
+    for name in small:
+        ratio = large[name] / small[name] if small[name] else float("nan")
+        print(f"{name:>14} {small[name]:>9.1f} {large[name]:>9.1f} {ratio:>11.1f}x")
+
+
+if __name__ == "__main__":
+    main()
