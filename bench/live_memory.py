@@ -24,19 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.state_size import CODE  # noqa: E402  (the same class, at several sizes)
 from sandbox.pool import EnvCode, Limits, WorkerPool  # noqa: E402
 
-CODE = '''
-class World:
-    def __init__(self, config=None):
-        size = (config or {}).get("size", 25)
-        self.records = {f"R{i:05d}": {"user": f"user_{i % 997}", "flights": [{"number": f"HAT{i % 300:03d}",
-                        "date": "2024-05-01", "price": i % 500}], "status": "confirmed", "note": "x" * 60}
-                        for i in range(size)}
-
-    def get(self, key: str) -> dict:
-        return self.records.get(key, {})
-'''
 ENV = EnvCode("bench-live-memory", "bench_live_memory", "World", CODE)
 SIZES = {"4 KB": 25, "3 MB": 20000}
 MB = 1 << 20
