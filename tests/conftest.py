@@ -126,6 +126,23 @@ def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str
         time.sleep(0.1)
 
 
+def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str,
+                 env: dict[str, str]) -> Iterator[Server]:
+    """A server reading its API keys (one hashed line each) from a file, on the store
+    ``request.param`` names ("memory" or "redis", under a key prefix of its own, dropped after)."""
+    (tmp / "keys").write_text(key_lines)
+    env = {**env, "ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys")}
+    redis_url = None
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
+    server = start_server(tmp, redis_url=redis_url, extra_env=env)
+    yield server
+    server.stop()
+    if redis_url:
+        drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
+
+
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A real uvicorn server on a free port, once per store."""

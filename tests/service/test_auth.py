@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from service.auth import KeyFileError, KeyRing, digest, new_key
-from tests.conftest import ROOT, Server, drop_keys, start_server
+from tests.conftest import ROOT, Server, keyed_server
 from tests.service.test_api import problem
 
 WALLET = '''
@@ -55,19 +54,8 @@ def keys() -> Keys:
 
 @pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def keyed(request: pytest.FixtureRequest, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("keyed")
-    key_file = tmp / "keys"
-    key_file.write_text(keys.lines.replace(";", "\n"))
-    env = {"ENVFOUNDRY_API_KEYS_FILE": str(key_file), "ENVFOUNDRY_MAX_ENVIRONMENTS": "2"}
-    redis_url = None
-    if request.param == "redis":
-        redis_url = request.getfixturevalue("redis_url")
-        env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(tmp, redis_url=redis_url, extra_env=env)
-    yield server
-    server.stop()
-    if redis_url:
-        drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
+    yield from keyed_server(request, tmp_path_factory.mktemp("keyed"), keys.lines.replace(";", "\n"),
+                            {"ENVFOUNDRY_MAX_ENVIRONMENTS": "2"})
 
 
 def as_(server: Server, key: str) -> httpx.Client:

@@ -22,8 +22,9 @@ async def test_a_tenant_alone_gets_every_slot() -> None:
     assert gate.held == {} and gate.waiting == {}
 
 
-async def test_a_freed_slot_goes_to_the_waiting_tenant_holding_fewest() -> None:
-    gate = FairGate(2)
+async def _queue(gate: FairGate, first: int) -> tuple[list[str], asyncio.Event, list[asyncio.Task[None]]]:
+    """Tenant 'a' asks for ``first`` slots, then 'b' for one; each holds its slot until ``release``
+    is set. Returns the order slots were granted in, the release, and the tasks."""
     order: list[str] = []
     release = asyncio.Event()
 
@@ -32,10 +33,16 @@ async def test_a_freed_slot_goes_to_the_waiting_tenant_holding_fewest() -> None:
             order.append(name)
             await release.wait()
 
-    tasks = [asyncio.create_task(work("a", f"a{i}")) for i in range(4)]
+    tasks = [asyncio.create_task(work("a", f"a{i}")) for i in range(first)]
     await asyncio.sleep(0.01)
     tasks.append(asyncio.create_task(work("b", "b0")))
     await asyncio.sleep(0.01)
+    return order, release, tasks
+
+
+async def test_a_freed_slot_goes_to_the_waiting_tenant_holding_fewest() -> None:
+    gate = FairGate(2)
+    order, release, tasks = await _queue(gate, 4)
     assert order == ["a0", "a1"] and len(gate.waiting["a"]) == 2 and len(gate.waiting["b"]) == 1
     release.set()
     await asyncio.gather(*tasks)
@@ -115,18 +122,7 @@ async def test_a_reserve_never_takes_the_only_slot() -> None:
 
 async def test_between_tenants_holding_as_many_the_one_served_longest_ago_goes_first() -> None:
     gate = FairGate(1)
-    order: list[str] = []
-    release = asyncio.Event()
-
-    async def work(tenant: str, name: str) -> None:
-        async with gate.slot(tenant):
-            order.append(name)
-            await release.wait()
-
-    tasks = [asyncio.create_task(work("a", f"a{i}")) for i in range(3)]
-    await asyncio.sleep(0.01)
-    tasks.append(asyncio.create_task(work("b", "b0")))
-    await asyncio.sleep(0.01)
+    order, release, tasks = await _queue(gate, 3)
     release.set()
     await asyncio.gather(*tasks)
     assert order == ["a0", "b0", "a1", "a2"]  # 'a' holds none once a0 ends, as 'b' does: 'b' was never served

@@ -4,7 +4,6 @@ changes nothing, and another tenant's requests (the victim's) are answered meanw
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ import pytest
 from service.analysis import Analysis
 from service.auth import new_key
 from service.catalog import CatalogError
-from tests.conftest import Server, drop_keys, start_server
+from tests.conftest import Server, keyed_server
 from tests.service.test_api import problem
 
 QUOTA = 8 << 20
@@ -57,19 +56,8 @@ def tenants() -> Tenants:
 @pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def hostile(request: pytest.FixtureRequest, tenants: Tenants,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("hostile")
-    (tmp / "keys").write_text(tenants.lines)
-    env = {"ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys"), "ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA),
-           "ENVFOUNDRY_CALL_TIMEOUT": "4"}
-    redis_url = None
-    if request.param == "redis":
-        redis_url = request.getfixturevalue("redis_url")
-        env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(tmp, redis_url=redis_url, extra_env=env)
-    yield server
-    server.stop()
-    if redis_url:
-        drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
+    yield from keyed_server(request, tmp_path_factory.mktemp("hostile"), tenants.lines,
+                            {"ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA), "ENVFOUNDRY_CALL_TIMEOUT": "4"})
 
 
 def _client(server: Server, key: str) -> httpx.Client:
