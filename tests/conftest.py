@@ -105,6 +105,8 @@ def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str
     for folder in catalogs:
         args += ["--catalog", str(folder)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVFOUNDRY_") and k != "REDIS_URL"}
+    # The image under test (a checkout may build its own tag so as not to replace another's).
+    env["ENVFOUNDRY_SANDBOX_IMAGE"] = SANDBOX_IMAGE
     if redis_url:
         args += ["--redis", redis_url]
     env.update(extra_env or {})
