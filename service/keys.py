@@ -38,6 +38,12 @@ class Keys:
             lock=f"{base}:lock",
         )
 
+    def base(self, tenant: str, digest: str) -> str:
+        """A state shared by sessions (content-addressed: ``digest`` is its text's SHA-256), stored
+        once per tenant. It lives on the tenant's slot and expires unless a session using it is
+        touched (every refresh of a session's keys refreshes the bases it names)."""
+        return f"{self.prefix}:base:{_tag(tenant)}:{digest}"
+
     def request(self, name: str) -> str:
         """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
         return f"{self.prefix}:request:{name}"

@@ -1,4 +1,8 @@
-"""The in-process session store: the embedded default when no Redis URL is given."""
+"""The in-process session store: the embedded default when no Redis URL is given.
+
+A base (see ``service.store``) is kept once per tenant and digest with the number of sessions
+that use it, and dropped with the last of them.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,16 @@ from service.store import BytesQuota, Held, LockTimeout, RecordLimit, SessionMet
 @dataclass
 class _Entry:
     meta: SessionMeta
-    state: str
+    state: str | None  # None: the state is the initial state's base
     initial: str
     trajectory: list[str] = field(default_factory=list)
     expires_at: float = 0.0
     idempotency: dict[str, str] = field(default_factory=dict)
+    base: tuple[str, str] | None = None  # (tenant, digest) of the initial state when it is a base
+
+    @property
+    def current(self) -> str:
+        return self.initial if self.state is None else self.state
 
 
 class MemoryStore:
@@ -32,6 +41,7 @@ class MemoryStore:
         self._bytes: dict[str, dict[str, int]] = {}  # tenant -> session id -> bytes it stores
         self._session_bytes: dict[str, int] = {}  # tenant -> the sum of its sessions' bytes
         self._record_bytes: dict[str, int] = {}  # tenant -> bytes of its catalog records
+        self._bases: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, digest) -> (text, sessions using it)
         self._last_sweep = 0.0
 
     def _entry(self, session_id: str) -> _Entry | None:
@@ -60,16 +70,27 @@ class MemoryStore:
         await self.create_group([meta], state, initial, trajectory, quota=quota)
 
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None) -> None:
+                           quota: int | None = None, initial_digest: str = "") -> None:
         if not metas:
             return
         each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
         tenant = metas[0].tenant
         self._reserve(tenant, each * len(metas), quota)
+        base = (tenant, initial_digest) if initial_digest else None
+        own: str | None = state
+        if base is not None:
+            shared = initial
+            known = self._bases.get(base)
+            if known is not None:
+                shared = known[0]  # the text kept already, however the caller's copy came
+            own = None if state is initial or state == initial else state
+            initial = shared
         for meta in metas:
             self._drop(meta.session_id)  # (a create never extends what an old session left)
+            if base is not None:
+                self._bases[base] = (initial, self._bases.get(base, ("", 0))[1] + 1)
             self._sessions[meta.session_id] = _Entry(
-                replace(meta), state, initial, list(trajectory), time.time() + self.ttl
+                replace(meta), own, initial, list(trajectory), time.time() + self.ttl, base=base
             )
             self._count(tenant, meta.session_id, each)
 
@@ -99,7 +120,15 @@ class MemoryStore:
         entry = self._sessions.pop(session_id, None)
         if entry is not None:
             self._uncount(entry.meta.tenant, session_id)
+            if entry.base is not None:
+                text, users = self._bases.pop(entry.base)
+                if users > 1:
+                    self._bases[entry.base] = (text, users - 1)
         return entry
+
+    def bases(self, tenant: str) -> int:
+        """How many bases ``tenant``'s sessions share (to show they are stored once)."""
+        return sum(1 for owner, _ in self._bases if owner == tenant)
 
     async def usage(self, tenant: str) -> int:
         return self._used(tenant)
@@ -110,22 +139,24 @@ class MemoryStore:
             return None
         return Snapshot(
             meta=replace(entry.meta),
-            state=entry.state,
+            state=entry.current,
             initial=entry.initial,
             expires_at=entry.expires_at,
             trajectory=list(entry.trajectory) if trajectory else [],
+            initial_digest=entry.base[1] if entry.base is not None else "",
         )
 
     async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         snap = await self.load(source.session_id, trajectory=True)
         if snap is None:
             return False
-        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota)
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota,
+                                initial_digest=snap.initial_digest)
         return True
 
     async def state(self, session_id: str) -> str | None:
         entry = self._entry(session_id)
-        return None if entry is None else entry.state
+        return None if entry is None else entry.current
 
     @asynccontextmanager
     async def begin(self, session_id: str, wait: float, lease: float) -> AsyncIterator[Held]:
@@ -141,7 +172,7 @@ class MemoryStore:
         if entry is None or entry.meta.step != expected_step:
             return False
         if tenant is not None:
-            grown = stored_bytes(record) + (0 if state is None else stored_bytes(state) - stored_bytes(entry.state))
+            grown = stored_bytes(record) + (0 if state is None else stored_bytes(state) - stored_bytes(entry.current))
             self._reserve(tenant, grown, quota)
             self._count(tenant, session_id, grown)
         if state is not None:

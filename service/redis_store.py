@@ -6,8 +6,10 @@ import asyncio
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -43,10 +45,23 @@ COMMAND_TIMEOUT = 10.0
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# The bases a session reads (see ``service.store``) are named in its meta; whatever refreshes the
+# session's keys refreshes them too, for twice the session TTL, so a base outlives every session
+# that uses it. A cluster keeps bases on the tenant's slot, out of a session script's reach: there
+# the store refreshes them in a command of their own (``touch`` is then '0').
+BASE_FIELDS = ("state_base", "initial_base")
+TOUCH_BASES = """
+local function touch_bases(meta, ttl)
+  for _, name in ipairs(redis.call('HMGET', meta, 'state_base', 'initial_base')) do
+    if name then redis.call('PEXPIRE', name, ttl) end
+  end
+end
+"""
+
 # Compare-and-set on the step: a stale caller can never apply a step twice.
 # The idempotency key is written in the same script, so a step and the record of which request
 # made it exist together or not at all.
-COMMIT = """
+COMMIT = TOUCH_BASES + """
 local result = 1
 local grown = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -55,19 +70,29 @@ elseif tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then
   result = 0
 else
   grown = #ARGV[4]
-  if ARGV[2] == '1' then grown = grown + #ARGV[3] - redis.call('STRLEN', KEYS[2]) end
+  if ARGV[2] == '1' then
+    local old = redis.call('STRLEN', KEYS[2])
+    if old == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+      old = tonumber(redis.call('HGET', KEYS[1], 'base_bytes') or '0')  -- the state is a base
+    end
+    grown = grown + #ARGV[3] - old
+  end
   if #KEYS == 9 and grown > 0 and tonumber(ARGV[12]) >= 0 then
     local used = tonumber(redis.call('HGET', KEYS[8], '#total') or '0') + tonumber(redis.call('GET', KEYS[9]) or '0')
     if used + grown > tonumber(ARGV[12]) then result = -2 end
   end
 end
 if result == 1 then
-  if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[3]) end
+  if ARGV[2] == '1' then
+    redis.call('SET', KEYS[2], ARGV[3])
+    redis.call('HDEL', KEYS[1], 'state_base')  -- the state is the session's own from now on
+  end
   redis.call('RPUSH', KEYS[4], ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'step', 1)
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
   for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+  if ARGV[14] == '1' then touch_bases(KEYS[1], ARGV[13]) end
   if #KEYS == 9 then
     redis.call('HINCRBY', KEYS[8], ARGV[10], grown)
     redis.call('HINCRBY', KEYS[8], '#total', grown)
@@ -83,15 +108,16 @@ return {result, grown}
 """
 
 # Copy a session server-side into fresh ids (a fork): nothing crosses to the API but the ids.
-FORK = """
+FORK = TOUCH_BASES + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-for i = 1, #ARGV - 3 do
+touch_bases(KEYS[1], ARGV[4])
+for i = 1, #ARGV - 4 do
   local base = 4 + (i - 1) * 5
   for j = 1, 5 do redis.call('DEL', KEYS[base + j]) end
   for j = 1, 4 do
     if redis.call('EXISTS', KEYS[j]) == 1 then redis.call('COPY', KEYS[j], KEYS[base + j]) end
   end
-  redis.call('HSET', KEYS[base + 1], 'session_id', ARGV[3 + i], 'created_at', ARGV[2], 'parent_id', ARGV[3])
+  redis.call('HSET', KEYS[base + 1], 'session_id', ARGV[4 + i], 'created_at', ARGV[2], 'parent_id', ARGV[3])
   for j = 1, 5 do redis.call('PEXPIRE', KEYS[base + j], ARGV[1]) end
 end
 return 1
@@ -99,7 +125,7 @@ return 1
 
 # Take a session's call lock and read its meta in one step; false while another caller holds it.
 # A session that does not exist leaves no lock behind.
-BEGIN = """
+BEGIN = TOUCH_BASES + """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
 local meta = redis.call('HGETALL', KEYS[2])
 if #meta == 0 then
@@ -107,6 +133,16 @@ if #meta == 0 then
   return meta
 end
 for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+if ARGV[5] == '1' then touch_bases(KEYS[2], ARGV[4]) end
+return meta
+"""
+
+# A session's meta, its keys' TTL refreshed (and its bases', where ``touch`` is '1').
+REFRESH = TOUCH_BASES + """
+local meta = redis.call('HGETALL', KEYS[1])
+if #meta == 0 then return meta end
+for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+if ARGV[3] == '1' then touch_bases(KEYS[1], ARGV[2]) end
 return meta
 """
 
@@ -187,6 +223,8 @@ return false
 
 # How long a lock outlives a holder that stopped renewing it.
 HEARTBEAT = 10.0
+# Bases kept read in this process (content-addressed, so never stale), least recently used first.
+BASE_CACHE_BYTES = 64 << 20
 
 
 class StoreUnavailable(StoreError):
@@ -290,6 +328,24 @@ def _connect(url: str | None, nodes: str | None) -> aioredis.Redis | RedisCluste
                         retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), 10), **common)
 
 
+@dataclass(frozen=True)
+class Base:
+    """A base a group of new sessions names: its key, its size, and whether it is their state too."""
+
+    name: str
+    size: int
+    is_state: bool
+
+
+def _base_names(fields: dict[str, Any]) -> list[str]:
+    return [str(fields[name]) for name in BASE_FIELDS if fields.get(name)]
+
+
+def _digest(name: str | None) -> str:
+    """A base's digest, from its key (see ``Keys.base``)."""
+    return name.rsplit(":", 1)[1] if name else ""
+
+
 class Keeper:
     """A lock's renewal: a timer, then (for a long holder) the task that renews the lease."""
 
@@ -327,6 +383,10 @@ class RedisStore:
         self._forget = self.client.register_script(FORGET)
         self._reserve_script = self.client.register_script(RESERVE)
         self._renew = self.client.register_script(RENEW)
+        self._refresh = self.client.register_script(REFRESH)
+        self._touch = "0" if self.cluster else "1"  # whether the session scripts refresh bases themselves
+        self._base_texts: OrderedDict[str, str] = OrderedDict()  # base key -> its text
+        self._base_bytes = 0
 
     async def translate(self, exc: RedisError) -> StoreError:
         """Our error for a Redis error; an unreachable Redis also drops the pool's idle connections,
@@ -346,6 +406,52 @@ class RedisStore:
     @property
     def _ttl_ms(self) -> int:
         return int(self.ttl * 1000)
+
+    @property
+    def _base_ttl_ms(self) -> int:
+        return 2 * self._ttl_ms
+
+    async def _keep_base(self, name: str, text: str) -> None:
+        """Store a base unless it is there (then its TTL is refreshed: it is not sent again)."""
+        if not await self.client.pexpire(name, self._base_ttl_ms):
+            await self.client.set(name, text, px=self._base_ttl_ms)
+        self._remember_base(name, text)
+
+    def _remember_base(self, name: str, text: str) -> None:
+        if name in self._base_texts:
+            self._base_texts.move_to_end(name)
+            return
+        self._base_texts[name] = text
+        self._base_bytes += len(text)
+        while self._base_bytes > BASE_CACHE_BYTES and len(self._base_texts) > 1:
+            _, dropped = self._base_texts.popitem(last=False)
+            self._base_bytes -= len(dropped)
+
+    async def _bases(self, names: Sequence[str | None], wanted: Sequence[str] = ()) -> dict[str, str] | None:
+        """Refresh bases ``names`` (a cluster's session scripts cannot) and the texts of ``wanted``
+        among them; None when one of them is gone (its sessions cannot be read any more)."""
+        present = list(dict.fromkeys(n for n in names if n))
+        if not present:
+            return {}
+        fetch = [n for n in dict.fromkeys(wanted) if n and n not in self._base_texts]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in present:
+                pipe.pexpire(name, self._base_ttl_ms)
+            for name in fetch:
+                pipe.get(name)
+            answers: list[Any] = await pipe.execute()
+        if not all(answers[:len(present)]):
+            return None
+        for name, text in zip(fetch, answers[len(present):], strict=True):
+            if text is None:
+                return None
+            self._remember_base(name, str(text))
+        texts = {}
+        for name in wanted:
+            if name:
+                texts[name] = self._base_texts[name]
+                self._base_texts.move_to_end(name)
+        return texts
 
     async def create(self, meta: SessionMeta, state: str, initial: str, trajectory: list[str], *,
                      quota: int | None = None) -> None:
@@ -373,7 +479,7 @@ class RedisStore:
 
     @_translated
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None) -> None:
+                           quota: int | None = None, initial_digest: str = "") -> None:
         if not metas:
             return
         each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
@@ -382,17 +488,23 @@ class RedisStore:
         # Counted first, in one script on the tenant's slot, so the quota holds however many replicas write.
         await self._reserve(tenant, counts, quota)
         try:
-            await self._write_group(metas, state, initial, trajectory)
+            base = None
+            if initial_digest:
+                base = Base(self.keys.base(tenant, initial_digest), stored_bytes(initial),
+                            state is initial or state == initial)
+                await self._keep_base(base.name, initial)  # before the sessions: none reads a missing base
+            await self._write_group(metas, state, initial, trajectory, base)
         except BaseException:
             await self._unreserve(tenant, counts)
             raise
 
-    async def _write_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str]) -> None:
+    async def _write_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str],
+                           base: Base | None) -> None:
         if not self.cluster:
             # One MULTI: every session of the group exists, or none does.
             async with self.client.pipeline(transaction=True) as pipe:
                 for meta in metas:
-                    self._write_session(pipe, meta, state, initial, trajectory)
+                    self._write_session(pipe, meta, state, initial, trajectory, base)
                 await pipe.execute()
             return
         # A cluster spreads the group's sessions over slots, so no single MULTI covers them: each session is
@@ -400,7 +512,7 @@ class RedisStore:
         # raised. Session ids are fresh, so nobody can have seen a half-made group in between.
         async def one(meta: SessionMeta) -> None:
             async with self.client.pipeline(transaction=True) as pipe:
-                self._write_session(pipe, meta, state, initial, trajectory)
+                self._write_session(pipe, meta, state, initial, trajectory, base)
                 await pipe.execute()
 
         outcomes = await asyncio.gather(*(one(meta) for meta in metas), return_exceptions=True)
@@ -434,7 +546,8 @@ class RedisStore:
         snap = await self.load(source.session_id, trajectory=True)
         if snap is None:
             return False
-        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota)
+        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota,
+                                initial_digest=snap.initial_digest)
         return True
 
     async def _bytes_of(self, meta: SessionMeta) -> int:
@@ -460,19 +573,27 @@ class RedisStore:
             created = metas[0].to_fields()["created_at"]
             try:
                 done = await self._script(self._fork, keys, [self._ttl_ms, created, source.session_id,
-                                                             *(m.session_id for m in metas)])
+                                                             self._base_ttl_ms, *(m.session_id for m in metas)])
                 return int(done) == 1
             except ResponseError as exc:
                 if "COPY" not in str(exc).upper() and "unknown command" not in str(exc):
                     raise
         return None
 
-    def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str]) -> None:
+    def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str],
+                       base: Base | None = None) -> None:
         k = self.keys.session(meta.session_id)
         pipe.delete(*k.data())  # a create never extends what an old session left
-        pipe.hset(k.meta, mapping=dict[Any, Any](meta.to_fields()))
-        pipe.set(k.state, state)
-        pipe.set(k.initial, initial)
+        fields = dict[Any, Any](meta.to_fields())
+        if base is not None:  # the session names its base instead of holding a copy
+            fields.update(initial_base=base.name, base_bytes=base.size)
+            if base.is_state:
+                fields["state_base"] = base.name
+        pipe.hset(k.meta, mapping=fields)
+        if base is None or not base.is_state:
+            pipe.set(k.state, state)
+        if base is None:
+            pipe.set(k.initial, initial)
         if trajectory:
             pipe.rpush(k.trajectory, *trajectory)
         for key in k.data():
@@ -482,14 +603,13 @@ class RedisStore:
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         k = self.keys.session(session_id)
         if not blobs:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(k.meta)
-                for key in k.data():
-                    pipe.pexpire(key, self._ttl_ms)
-                found: list[Any] = await pipe.execute()
-            if not found[0]:
+            pairs = iter(await self._script(self._refresh, list(k.data()),
+                                            [self._ttl_ms, self._base_ttl_ms, self._touch]))
+            fields = dict(zip(pairs, pairs, strict=True))
+            if not fields or (self.cluster and await self._bases(_base_names(fields)) is None):
                 return None
-            return Snapshot(SessionMeta.from_fields(found[0]), "", "", time.time() + self.ttl)
+            return Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
+                            initial_digest=_digest(fields.get("initial_base")))
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(k.meta)
             pipe.get(k.state)
@@ -500,7 +620,16 @@ class RedisStore:
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
         meta, state, initial = results[0], results[1], results[2]
-        if not meta or state is None or initial is None:
+        if not meta:
+            return None
+        state_base, initial_base = meta.get("state_base", ""), meta.get("initial_base", "")
+        texts = await self._bases(_base_names(meta), [state_base if state is None else "",
+                                                      initial_base if initial is None else ""])
+        if texts is None:
+            return None
+        state = texts.get(state_base) if state is None else state
+        initial = texts.get(initial_base) if initial is None else initial
+        if state is None or initial is None:
             return None
         return Snapshot(
             meta=SessionMeta.from_fields(meta),
@@ -508,12 +637,20 @@ class RedisStore:
             initial=initial,
             expires_at=time.time() + self.ttl,
             trajectory=list(results[3]) if trajectory else [],
+            initial_digest=_digest(initial_base),
         )
 
     @_translated
     async def state(self, session_id: str) -> str | None:
-        value: str | None = await self.client.get(self.keys.session(session_id).state)
-        return value
+        k = self.keys.session(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.get(k.state)
+            pipe.hget(k.meta, "state_base")
+            value, base = await pipe.execute()
+        if value is not None or not base:
+            return None if value is None else str(value)
+        texts = await self._bases([str(base)], [str(base)])
+        return None if texts is None else texts[str(base)]
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
@@ -524,7 +661,7 @@ class RedisStore:
         expires = int((time.time() + self.ttl) * 1000)
         args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
                 "1" if done else "0", key, value, held.token if held else "", session_id, expires,
-                -1 if quota is None else quota]
+                -1 if quota is None else quota, self._base_ttl_ms, self._touch]
         keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock]
         if tenant is not None and not self.cluster:
             # one round trip: commit, unlock, live count, bytes counted against the quota
@@ -548,6 +685,8 @@ class RedisStore:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
                 pipe.pexpireat(self.keys.live_sessions(tenant), expires)
+                for name in held.bases if held is not None else []:  # on the tenant's slot too
+                    pipe.pexpire(name, self._base_ttl_ms)
                 await pipe.execute()
         if int(outcome) == -2:
             used = await self.usage(tenant or "")
@@ -595,9 +734,11 @@ class RedisStore:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.exists(k.meta)
             pipe.lrange(k.trajectory, 0, -1)
+            pipe.hmget(k.meta, *BASE_FIELDS)
             for key in k.data():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
+        await self._bases(list(results[2]))
         return list(results[1]) if results[0] else None
 
     @_translated
@@ -607,9 +748,11 @@ class RedisStore:
             pipe.exists(k.meta)
             pipe.lrange(k.trajectory, offset, offset + limit - 1)
             pipe.llen(k.trajectory)
+            pipe.hmget(k.meta, *BASE_FIELDS)
             for key in k.data():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
+        await self._bases(list(results[3]))
         return (list(results[1]), int(results[2])) if results[0] else None
 
     @_translated
@@ -663,9 +806,12 @@ class RedisStore:
             yield Held(None, token, released=True)
             return
         pairs = iter(meta)
-        snap = Snapshot(SessionMeta.from_fields(dict(zip(pairs, pairs, strict=True))), "", "",
-                        time.time() + self.ttl)
-        held = Held(snap, token)
+        fields = dict(zip(pairs, pairs, strict=True))
+        snap = Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
+                        initial_digest=_digest(fields.get("initial_base")))
+        held = Held(snap, token, bases=_base_names(fields))
+        if self.cluster and held.bases:
+            await self._touch_bases(held.bases)
         keeper = self._keep_later(k.lock, token, lease)
         try:
             yield held
@@ -681,7 +827,8 @@ class RedisStore:
     async def _begin_locked(self, keys: list[str], token: str, wait: float, lease: float,
                             session_id: str) -> list[str]:
         async def take() -> list[str] | None:
-            meta = await self._script(self._begin, keys, [token, int(lease * 1000), self._ttl_ms])
+            meta = await self._script(self._begin, keys, [token, int(lease * 1000), self._ttl_ms,
+                                                          self._base_ttl_ms, self._touch])
             return None if meta is None else list(meta)
 
         return await self._until_free(take, wait, session_id)
@@ -701,6 +848,10 @@ class RedisStore:
         for stale, stale_token in list(self._unreleased.items()):
             await self._release(keys=[stale], args=[stale_token])
             del self._unreleased[stale]
+
+    @_translated
+    async def _touch_bases(self, names: Sequence[str | None]) -> None:
+        await self._bases(names)
 
     @_translated
     async def _acquire(self, key: str, token: str, wait: float, lease: float, session_id: str) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -46,12 +47,14 @@ from service.store import (
     SessionStore,
     Snapshot,
     StoreError,
+    digest_of,
     new_session_id,
 )
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 
 TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
+DIGEST_TEXT_BYTES = 64 << 20  # initial states whose digest is kept, by the size of their texts
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
@@ -109,6 +112,10 @@ class Sessions:
         self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
         # (tenant, scenario) -> (its config, the code hash, its template key)
         self._templates: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
+        # id of an initial state's text -> (the text, its digest): the pool hands the same text object
+        # to every session of a template, so its digest is computed once, here, never taken from a worker
+        self._digests: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._digest_bytes = 0
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
@@ -132,13 +139,26 @@ class Sessions:
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
             try:
-                await self._store(self._quota(self.store.create_group(metas, state, state, [],
-                                                                      quota=self.limits.max_tenant_bytes)))
+                await self._store(self._quota(self.store.create_group(
+                    metas, state, state, [], quota=self.limits.max_tenant_bytes, initial_digest=self._digest(state))))
             except BaseException:
                 self.pool.forget(ids[0])
                 raise
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
+
+    def _digest(self, state: str) -> str:
+        """The content address of an initial state (the store keeps it once per tenant and digest)."""
+        known = self._digests.get(id(state))
+        if known is not None and known[0] is state:
+            self._digests.move_to_end(id(state))
+            return known[1]
+        digest = digest_of(state)
+        self._digests[id(state)] = (state, digest)
+        self._digest_bytes += len(state)
+        while self._digest_bytes > DIGEST_TEXT_BYTES and len(self._digests) > 1:
+            self._digest_bytes -= len(self._digests.popitem(last=False)[1][0])
+        return digest
 
     def _template_key(self, tenant: str, env: Environment, scenario_id: str | None, config: dict[str, Any]) -> str:
         """Names one initial state (same code, same config, same tenant): sandbox workers build it
@@ -518,7 +538,8 @@ class Sessions:
                          step=step, done=done) for _ in range(n)]
         async with self._admitted(tenant, [m.session_id for m in metas]):
             await self._store(self._quota(self.store.create_group(metas, state, snap.initial, records,
-                                                                  quota=self.limits.max_tenant_bytes)))
+                                                                  quota=self.limits.max_tenant_bytes,
+                                                                  initial_digest=snap.initial_digest)))
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 

@@ -2,7 +2,9 @@
 
 A session is one ``SessionMeta`` record plus three blobs: the encoded current
 state, the encoded initial state (check functions see it as ``initial_state``)
-and the trajectory, a list of JSON step records. Every read or write of a
+and the trajectory, a list of JSON step records. An initial state the caller names by its
+digest is a *base*: stored once per tenant and digest, however many sessions start from it,
+and a session whose state is still its base holds no copy of either. Every read or write of a
 session refreshes its idle TTL; an expired session is gone for every reader.
 
 Calls on one session are serialized by ``lock``; ``commit`` is additionally a
@@ -12,11 +14,14 @@ can never apply a step twice or on top of a state it did not read.
 What a tenant stores is counted in bytes (states, initial states, step records of its live
 sessions; its catalog records): every write that takes a ``quota`` is refused whole with
 ``BytesQuota``, before anything is written, when the tenant's count would pass it. A session's
-bytes count from its creation until ``forget`` (or until ``admit`` finds it expired).
+bytes count from its creation until ``forget`` (or until ``admit`` finds it expired). A session
+counts the states it reads, shared or not: the quota bounds what a tenant's sessions hold, not
+how well they share.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
@@ -48,6 +53,11 @@ class BytesQuota(Exception):
 def stored_bytes(text: str) -> int:
     """What ``text`` takes in the store (UTF-8), without encoding the common all-ASCII case."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def digest_of(text: str) -> str:
+    """The content address of an encoded state (SHA-256 of its UTF-8 text)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def new_session_id() -> str:
@@ -98,6 +108,7 @@ class Snapshot:
     initial: str
     expires_at: float
     trajectory: list[str] = field(default_factory=list)
+    initial_digest: str = ""  # when the initial state is a base: its digest (see ``create_group``)
 
 
 @dataclass
@@ -108,6 +119,7 @@ class Held:
     snap: Snapshot | None
     token: str = ""
     released: bool = False  # a commit given this lock released it already
+    bases: list[str] = field(default_factory=list)  # the store's names of the bases the session reads
 
 
 class SessionStore(Protocol):
@@ -122,8 +134,12 @@ class SessionStore(Protocol):
         """
 
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None) -> None:
-        """Store several sessions sharing one state, all or none (``BytesQuota`` as ``create``)."""
+                           quota: int | None = None, initial_digest: str = "") -> None:
+        """Store several sessions sharing one state, all or none (``BytesQuota`` as ``create``).
+
+        With ``initial_digest`` (``digest_of(initial)``, which the caller vouches for: it is never
+        checked here), ``initial`` is stored as a base, once for the tenant and digest, and a
+        ``state`` equal to it is that base too: the sessions then store only their meta."""
 
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         """Read a session consistently (meta, blobs and optionally trajectory at one step).

@@ -1,0 +1,212 @@
+"""Shared initial states (bases): stored once per tenant and digest, named by the sessions that use
+them, on the memory store, on Redis and on a Redis Cluster (the ``make_store`` fixtures of
+``test_store``), and through the API on several replicas and after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from service.keys import Keys
+from service.memory_store import MemoryStore
+from service.store import SessionMeta, SessionStore, digest_of, new_session_id
+from tests.conftest import Server, start_server
+from tests.service.test_store import StoreFactory, make_redis, make_store, raw_redis, store  # noqa: F401
+
+BIG = json.dumps({"records": {f"R{i:05d}": {"note": "x" * 60, "n": i} for i in range(4000)}},
+                 separators=(",", ":"))  # about 300 KB
+
+
+def _meta(tenant: str) -> SessionMeta:
+    return SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), tenant=tenant)
+
+
+@pytest.mark.anyio
+async def test_sessions_of_one_base_read_it_and_change_apart(store: SessionStore) -> None:
+    tenant = f"t-{secrets.token_hex(4)}"
+    initial = '{"n":0}'
+    metas = [_meta(tenant) for _ in range(3)]
+    await store.create_group(metas, initial, initial, [], initial_digest=digest_of(initial))
+    for meta in metas:
+        snap = await store.load(meta.session_id, trajectory=True)
+        assert snap is not None
+        assert (snap.state, snap.initial, snap.initial_digest) == (initial, initial, digest_of(initial))
+        assert await store.state(meta.session_id) == initial
+    assert await store.commit(metas[0].session_id, 0, '{"n":1}', "r1", tenant=tenant) is True
+    changed, other = await store.load(metas[0].session_id), await store.load(metas[1].session_id)
+    assert changed is not None and other is not None
+    assert (changed.state, changed.initial) == ('{"n":1}', initial)  # the base itself never changes
+    assert (other.state, other.initial) == (initial, initial)
+    # what a session counts for its tenant is what it reads, shared or not (as without bases)
+    assert await store.usage(tenant) == 3 * 2 * len(initial) + len("r1")  # (the new state is as long)
+    # a copy names the same base
+    copies = [_meta(tenant)]
+    assert await store.copy(other.meta, copies) is True
+    copied = await store.load(copies[0].session_id)
+    assert copied is not None and (copied.state, copied.initial_digest) == (initial, digest_of(initial))
+    # a session made at another state shares only its initial state
+    later = [_meta(tenant)]
+    await store.create_group(later, '{"n":5}', initial, ["r1"], initial_digest=digest_of(initial))
+    snap = await store.load(later[0].session_id)
+    assert snap is not None and (snap.state, snap.initial, snap.initial_digest) == ('{"n":5}', initial,
+                                                                                    digest_of(initial))
+
+
+@pytest.mark.anyio
+async def test_a_base_lives_while_its_sessions_are_used_however_they_are_read(make_store: StoreFactory) -> None:
+    store = make_store(ttl=0.6)
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_meta(tenant) for _ in range(2)]
+    await store.create_group(metas, BIG, BIG, [], initial_digest=digest_of(BIG))
+    sid = metas[0].session_id
+    # each way of touching a session keeps its base, for longer than twice the session TTL
+    touches = [lambda: store.load(sid, blobs=False), lambda: store.trajectory_page(sid, 0, 10),
+               lambda: store.trajectory(sid)]
+    for n in range(9):
+        await touches[n % len(touches)]()
+        await asyncio.sleep(0.25)
+    async with store.begin(sid, wait=1, lease=5) as held:
+        assert held.snap is not None
+        assert await store.commit(sid, 0, None, "r1", tenant=tenant, held=held) is True
+    snap = await store.load(sid)
+    assert snap is not None and snap.state == BIG and snap.initial == BIG
+    assert await store.load(metas[1].session_id) is None  # the untouched one expired
+
+
+@pytest.mark.anyio
+async def test_the_memory_store_keeps_one_base_and_drops_it_with_its_last_session() -> None:
+    store = MemoryStore()
+    tenant = "t"
+    metas = [_meta(tenant) for _ in range(5)]
+    await store.create_group(metas[:2], BIG, BIG, [], initial_digest=digest_of(BIG))
+    other_copy = "".join(list(BIG))  # equal text, another object
+    await store.create_group(metas[2:], other_copy, other_copy, [], initial_digest=digest_of(BIG))
+    snaps = [await store.load(m.session_id) for m in metas]
+    assert all(s is not None and s.initial is snaps[0].initial and s.state is snaps[0].initial
+               for s in snaps if s is not None)
+    assert store.bases(tenant) == 1 and store.bases("other") == 0
+    for meta in metas:
+        assert await store.delete(meta.session_id) is True
+    assert store.bases(tenant) == 0
+
+
+@pytest.mark.redis
+@pytest.mark.anyio
+async def test_redis_holds_one_base_and_a_session_made_from_it_holds_only_its_meta(
+        make_redis: StoreFactory, raw_redis: redis.Redis) -> None:  # noqa: F811
+    store = make_redis()
+    prefix = make_redis.prefix or ""
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_meta(tenant) for _ in range(10)]
+    await store.create_group(metas[:4], BIG, BIG, [], initial_digest=digest_of(BIG))
+    await store.create_group(metas[4:], BIG, BIG, [], initial_digest=digest_of(BIG))
+    base = Keys(prefix).base(tenant, digest_of(BIG))
+    assert list(raw_redis.scan_iter(match=f"{prefix}:base:*", count=1000)) == [base]
+    assert (raw_redis.memory_usage(base) or 0) >= len(BIG)
+    for meta in metas:
+        mine = list(raw_redis.scan_iter(match=f"{prefix}:*{meta.session_id}*", count=1000))
+        assert mine == [Keys(prefix).session(meta.session_id).meta]
+        assert sum(raw_redis.memory_usage(k) or 0 for k in mine) <= 2048
+        assert 0 < raw_redis.pttl(mine[0]) <= raw_redis.pttl(base)
+    # another replica (a fresh process: nothing cached) reads the state through the base
+    second = make_redis()
+    snap = await second.load(metas[3].session_id)
+    assert snap is not None and snap.state == BIG and snap.initial == BIG
+    # a base gone (which only an eviction could do) makes its sessions unreadable, never wrong
+    raw_redis.delete(base)
+    third = make_redis()
+    assert await third.load(metas[5].session_id) is None
+    assert await third.state(metas[5].session_id) is None
+
+
+# --- through the API ---------------------------------------------------------------------------
+
+WORLD = '''
+class World:
+    def __init__(self, config=None):
+        size = (config or {}).get("size", 3)
+        self.records = {f"R{i:05d}": {"status": "open", "note": "x" * 60} for i in range(size)}
+
+    def close(self, record_id: str) -> dict:
+        """Close a record.
+
+        Args:
+            record_id: its id
+        """
+        self.records[record_id]["status"] = "closed"
+        return {"ok": True}
+'''
+
+
+def _setup(client: httpx.Client) -> None:
+    added = client.post("/v1/environments", json={"env_id": "world_bases", "class_name": "World", "code": WORLD})
+    assert added.status_code in (200, 201), added.text
+    scenario = {"scenario_id": "world-bases", "env_id": "world_bases", "task": "Close records.",
+                "init_config": {"size": 3000},
+                "checklist": [{"item": "R00000 closed",
+                               "check": "def check_func(final_state):\n    return final_state['records']"
+                                        "['R00000']['status'] == 'closed'"}]}
+    answer = client.post("/v1/scenarios", json=scenario)
+    assert answer.status_code in (200, 201), answer.text
+
+
+def _state(client: httpx.Client, sid: str) -> dict[str, object]:
+    answer = client.get(f"/v1/sessions/{sid}/state")
+    assert answer.status_code == 200, answer.text
+    state: dict[str, object] = answer.json()["state"]
+    return state
+
+
+@pytest.mark.redis
+def test_sessions_from_a_scenario_share_its_initial_state_across_replicas_and_restarts(
+        tmp_path: Path, redis_url: str) -> None:
+    prefix = f"eftest-{secrets.token_hex(4)}"
+    env = {"ENVFOUNDRY_KEY_PREFIX": prefix}
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    first: Server = start_server(tmp_path, redis_url=redis_url, extra_env=env)
+    second: Server = start_server(tmp_path, redis_url=redis_url, extra_env=env)
+    try:
+        with first.client() as a, second.client() as b:
+            _setup(a)
+            made = [a.post("/v1/sessions", json={"scenario_id": "world-bases"}).json()["session_id"]
+                    for _ in range(4)]
+            group = a.post("/v1/sessions", json={"scenario_id": "world-bases", "n": 3}).json()["session_ids"]
+            bases = list(raw.scan_iter(match=f"{prefix}:base:*", count=1000))
+            assert len(bases) == 1 and raw.strlen(bases[0]) > 200_000
+            for sid in [*made, *group]:
+                keys = list(raw.scan_iter(match=f"{prefix}:*{sid}*", count=1000))
+                assert sum(raw.memory_usage(k) or 0 for k in keys) <= 4096, keys
+            initial = _state(a, made[0])
+            # the other replica serves a session it never saw: state, a call, its score
+            assert _state(b, group[1]) == initial
+            assert b.post(f"/v1/sessions/{group[1]}/calls",
+                          json={"name": "close", "arguments": {"record_id": "R00000"}}).status_code == 200
+            assert b.post(f"/v1/sessions/{group[1]}/score").json()["reward"] == 1.0
+            assert a.post(f"/v1/sessions/{made[1]}/score").json()["reward"] == 0.0
+            assert _state(a, group[1])["records"]["R00000"] == {"status": "closed", "note": "x" * 60}  # type: ignore[index]
+            assert _state(a, group[2]) == initial  # its group siblings are as they were
+            forked = a.post(f"/v1/sessions/{group[1]}/fork", json={"step": 0}).json()["session_ids"][0]
+            assert _state(b, forked) == initial
+    finally:
+        first.stop()
+        second.stop()
+    third = start_server(tmp_path, redis_url=redis_url, extra_env=env)
+    try:
+        with third.client() as c:
+            assert _state(c, made[2]) == initial
+            assert _state(c, group[1])["records"]["R00000"]["status"] == "closed"  # type: ignore[index]
+            answer = c.post(f"/v1/sessions/{made[2]}/calls", json={"name": "close", "arguments": {"record_id": "R00001"}})
+            assert answer.status_code == 200 and answer.json()["ok"] is True, answer.text
+    finally:
+        third.stop()
+        keys = list(raw.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            raw.delete(*keys)
+        raw.close()
