@@ -71,15 +71,15 @@ def compose(base: Base, fields: dict[str, str]) -> str:
             nested.setdefault(path[0], {})[path[1]] = value
     members = []
     for name, (member, entries) in base.members.items():
-        value = top.get(name)
-        if value is None and name in nested:
+        change = top.get(name)
+        if change is None and name in nested:
             if entries is None:
                 raise DeltaError(f"entries of {name!r}, which is not a dict in the base")
             members.append(f"{_dumps(name)}:{{{_joined(entries, nested[name])}}}")
-        elif value is None:
+        elif change is None:
             members.append(member)
-        elif value[0] == "=":
-            members.append(f"{_dumps(name)}:{value[1:]}")
+        elif change[0] == "=":
+            members.append(f"{_dumps(name)}:{change[1:]}")
     for name in nested:
         if name in top or name not in base.members:
             raise DeltaError(f"entries of {name!r}, which the delta replaces or the base lacks")

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import protocol
+from sandbox import deltas, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
@@ -145,8 +145,18 @@ class CallOutcome:
     ok: bool
     result: Any
     error: dict[str, str] | None
-    state: str | None  # new encoded state, or None when the call changed nothing
+    state: str | None  # new encoded state, or None when the call changed nothing (or sent a delta)
     diff: dict[str, list[dict[str, Any]]]
+    delta: dict[str, Any] | None = None  # the parts it changed, against the session's base (see sandbox.deltas)
+    rebase: bool = False  # ``state`` is to be the session's new base (its delta had grown)
+
+
+@dataclass
+class Stored:
+    """A session's stored state, and its delta when it is kept as a base plus a delta."""
+
+    text: str
+    delta: dict[str, str] | None = None
 
 
 class WorkerPool:
@@ -476,7 +486,7 @@ class WorkerPool:
         return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
     async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None,
-                         template: str | None = None) -> str:
+                         template: str | None = None, *, deltas: bool = False) -> str:
         """The encoded initial state; with ``session``, the worker keeps the instance live for its calls.
 
         With ``template`` (a key the caller makes for one initial state: same environment code,
@@ -493,6 +503,8 @@ class WorkerPool:
                 message["known"] = cached[0]
         if session is not None:
             message.update(session=session, next_version=0)
+            if deltas:  # the state is the session's base: its calls answer what they changed
+                message["deltas"] = True
             self._unhome(session)
         answer, slot = await self._request(message, env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
@@ -523,31 +535,40 @@ class WorkerPool:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
         return await self._call(env, name, arguments, state, None)
 
-    async def session_call(self, env: EnvCode, session: str, step: int, load_state: Callable[[], Awaitable[str]],
-                           name: str, arguments: dict[str, Any]) -> CallOutcome:
+    async def session_call(self, env: EnvCode, session: str, step: int,
+                           load_state: Callable[[], Awaitable[str | Stored]], name: str, arguments: dict[str, Any],
+                           *, deltas: bool = False) -> CallOutcome:
         """A call on ``session`` at ``step``: on the worker holding it live at that step if there is
         one (the state is then never read), else with the stored state from ``load_state``. The
-        caller must ``forget`` the session if the step the call makes is not committed."""
+        caller must ``forget`` the session if the step the call makes is not committed. With
+        ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
+        carry the ``delta`` instead of the state."""
         home = self._homes.get(session)
         state = None if home is not None and home[1] == step else await load_state()
         if state is None:
             self.live_calls += 1
         else:
             self.rebuilt_calls += 1
-        outcome = await self._call(env, name, arguments, state, (session, step, home[0] if home else None))
+        outcome = await self._call(env, name, arguments, state, (session, step, home[0] if home else None), deltas)
         if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
             self.live_calls -= 1
             self.rebuilt_calls += 1
-            outcome = await self._call(env, name, arguments, await load_state(), (session, step, None))
+            outcome = await self._call(env, name, arguments, await load_state(), (session, step, None), deltas)
         return outcome
 
-    async def _call(self, env: EnvCode, name: str, arguments: dict[str, Any], state: str | None,
-                    session: tuple[str, int, int | None] | None) -> CallOutcome:
+    async def _call(self, env: EnvCode, name: str, arguments: dict[str, Any], state: str | Stored | None,
+                    session: tuple[str, int, int | None] | None, deltas_wanted: bool = False) -> CallOutcome:
         message: dict[str, Any] = {
             "op": "call", "env": env.key, "name": name, "arguments": arguments, "timeout": self.limits.call_timeout,
             "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes,
             "max_diff_bytes": self.limits.diff_bytes}
-        if state is not None:
+        if deltas_wanted:
+            message["deltas"] = True
+        if isinstance(state, Stored):
+            message["state"] = state.text
+            if state.delta is not None:
+                message["delta"] = state.delta
+        elif state is not None:
             message["state"] = state
         prefer = None
         if session is not None:
@@ -567,6 +588,7 @@ class WorkerPool:
         new_state: Any = answer.get("state")
         diff: Any = answer.get("diff")
         result: Any = answer.get("result")
+        delta: Any = answer.get("delta") if deltas_wanted and new_state is None else None
         # The answer comes from a fork that ran environment code: trust nothing about it.
         problem = None
         if answer.get("ok") is not True or not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
@@ -579,12 +601,15 @@ class WorkerPool:
                 problem = f"a result of {size} bytes, over the {self.limits.result_bytes} byte limit"
             elif new_state is not None:
                 problem = _state_problem(new_state, self.limits.state_bytes)
+            elif delta is not None:
+                problem = deltas.problem(delta, self.limits.state_bytes)
         if problem:
             return CallOutcome(False, None, {"type": "sandbox_error", "message": f"the call process sent {problem}"},
                                None, _no_diff())
         if session is not None:
             self._home(session[0], slot, session[1] + 1)
-        return CallOutcome(True, result, None, new_state, diff)
+        rebase = deltas_wanted and new_state is not None and answer.get("rebase") is True
+        return CallOutcome(True, result, None, new_state, diff, delta, rebase)
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
         if not checks:

@@ -22,12 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox import codec, view
+from sandbox.deltas import Delta
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
 from sandbox.parts import Parts, blob, shares
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
 UNTOUCHED = frozenset({UNKNOWN_TOOL, INVALID_ARGUMENTS})
 NO_DIFF: dict[str, list[Any]] = {"added": [], "removed": [], "changed": []}
+# A delta grows until it passes this share of its base (or COMPACT_FLOOR bytes, for small bases):
+# then the call answers the whole state, which the service stores as the session's new base.
+COMPACT_SHARE = 0.25
+COMPACT_FLOOR = 16 * 1024
 
 
 def public_state(instance: Any) -> dict[str, Any]:
@@ -90,6 +95,10 @@ class LiveSession:
         self.shown: Any = None  # its view, once a diff needed it
         self.parts: Parts | None = None  # its encoding part by part, while it is a tree
         self.digest = ""  # of ``text``, for an instance built ahead of its sessions (a template)
+        # While the service keeps the session as a base plus a delta (see ``sandbox.deltas``): the
+        # delta, and the size of the base it is against. None: the service stores whole states.
+        self.delta: Delta | None = None
+        self.base_size = 0
 
     def prepare(self, request: dict[str, Any]) -> None:
         """Build the instance of ``request`` (an ``init``) ahead of the sessions that will start from
@@ -105,15 +114,26 @@ class LiveSession:
         """Answer ``request`` (``init``, or ``call`` with ``state`` when the instance must be rebuilt)."""
         if request.get("op") == "init" and self.digest:  # built ahead: the service may know the text
             known = request.get("known") == self.digest
+            self._based(request, None)
             return {"state": None if known else self.text, "digest": self.digest}, True
         if request.get("op") == "init":
-            return self._init(request), True
+            answer = self._init(request)
+            self._based(request, None)
+            return answer, True
         if "state" in request:
             self._adopt(request["state"])
+            self._based(request, request.get("delta"))
         try:
             return self._call(request), True
         except Failure as exc:
             return {"error": {"type": exc.kind, "message": exc.message}}, exc.kind in UNTOUCHED
+
+    def _based(self, request: dict[str, Any], fields: Any) -> None:
+        """Whether calls answer deltas: the service asks for them (``deltas``) on an init, whose state
+        is the base, or brings the delta the stored state has (``delta``) with the state."""
+        wanted = request.get("deltas") is True and (request.get("op") == "init" or isinstance(fields, dict))
+        self.delta = Delta(fields) if wanted and self.parts is not None else None
+        self.base_size = len(self.text)
 
     def _init(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -170,14 +190,21 @@ class LiveSession:
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
         # (no fingerprint: pickle refused a value, and the codec says which, below)
         if self.parts is not None and after is not None and not shares(state, self.module.__name__):
+            before = self.parts.parts
             try:
                 text, change = self.parts.update(state)
             except codec.CodecError as exc:
                 raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
             same = text == self.text
             self.text, self.print, self.shown = _within(text, limit), after, None
-            return unchanged if same else {"ok": True, "result": result_view, "error": None, "state": text,
-                                           "diff": change}
+            if same:
+                return unchanged
+            answer = {"ok": True, "result": result_view, "error": None, "state": text, "diff": change}
+            if self.delta is not None and request.get("deltas") is True:
+                return self._as_delta(answer, before)
+            self.delta = None  # the service stores this whole state as the session's own
+            return answer
+        self.delta = None
         text = encode(state, self.module.__name__, limit)
         if text == self.text:
             self.print = after
@@ -187,6 +214,17 @@ class LiveSession:
         self.text, self.print, self.shown = text, after, shown
         self._split(text, state)
         return {"ok": True, "result": result_view, "error": None, "state": text, "diff": view.diff(before, shown)}
+
+
+    def _as_delta(self, answer: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+        """A changed call's answer as the parts it changed; the whole state, as a new base, when
+        they cannot say it (an attribute moved) or the delta has grown past its share of the base."""
+        assert self.delta is not None and self.parts is not None
+        changes = self.delta.step(before, self.parts.parts)
+        if changes is not None and self.delta.size <= max(COMPACT_FLOOR, self.base_size * COMPACT_SHARE):
+            return {**answer, "state": None, "delta": changes}
+        self.delta, self.base_size = Delta(), len(self.text)
+        return {**answer, "rebase": True}
 
 
 def _limit(request: dict[str, Any], name: str, default: int) -> int:

@@ -5,6 +5,8 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
 - ``load``      {env, env_id, class_name, code}  start the environment's host process (see ``envhost``)
 - ``init``      {env, init_config}               -> {state}
 - ``call``      {env, state, name, arguments}    -> {ok, result, error, state|None, diff}
+  With ``deltas`` (and, with ``state``, the stored ``delta``), a changed tree state may come back
+  as ``delta`` instead of ``state``, or as ``state`` with ``rebase`` (see ``sandbox.deltas``).
   Both may name a ``session`` with its ``version`` (the step it is at) and ``next_version``: the
   fork that serves it then stays, as that session's *resident*, holding the live instance, and a
   later call at the version it holds may leave ``state`` out (else it answers ``need_state``).
@@ -832,7 +834,13 @@ def _checked(op: str, answer: dict[str, Any], max_result: int, max_diff: int = 0
     if size > max_result:
         return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
                                               f"{max_result} byte limit")}
-    return {"ok": True, "result": result, "error": None, "state": state, "diff": _bounded_diff(diff, max_diff)}
+    checked = {"ok": True, "result": result, "error": None, "state": state, "diff": _bounded_diff(diff, max_diff)}
+    delta = answer.get("delta")
+    if state is None and isinstance(delta, dict):
+        checked["delta"] = delta  # (the service checks it, in time that follows its size)
+    elif state is not None and answer.get("rebase") is True:
+        checked["rebase"] = True
+    return checked
 
 
 def _bounded_diff(diff: dict[str, Any], limit: int) -> dict[str, Any]:

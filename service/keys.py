@@ -17,10 +17,15 @@ class SessionKeys:
     trajectory: str
     idempotency: str
     lock: str
+    delta: str  # the fields of the state's delta against its base (see ``sandbox.deltas``), a hash
 
     def data(self) -> tuple[str, str, str, str, str]:
-        """Keys whose TTL moves together (the lock has its own lease)."""
+        """Keys whose TTL moves together (the lock has its own lease), but the delta's."""
         return (self.meta, self.state, self.initial, self.trajectory, self.idempotency)
+
+    def kept(self) -> tuple[str, ...]:
+        """Every key whose TTL moves with the session's."""
+        return (*self.data(), self.delta)
 
 
 class Keys:
@@ -36,6 +41,7 @@ class Keys:
             trajectory=f"{base}:trajectory",
             idempotency=f"{base}:idempotency",
             lock=f"{base}:lock",
+            delta=f"{base}:delta",
         )
 
     def base(self, tenant: str, digest: str) -> str:

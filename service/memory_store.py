@@ -1,7 +1,8 @@
 """The in-process session store: the embedded default when no Redis URL is given.
 
 A base (see ``service.store``) is kept once per tenant and digest with the number of sessions
-that use it, and dropped with the last of them.
+that use it, and dropped with the last of them. A session whose state is a base plus a delta
+holds the delta's fields; its state is composed from them when it is read.
 """
 
 from __future__ import annotations
@@ -11,23 +12,26 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from sandbox import deltas
 from service.store import BytesQuota, Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, stored_bytes
+
+BaseKey = tuple[str, str]  # (tenant, digest)
 
 
 @dataclass
 class _Entry:
     meta: SessionMeta
-    state: str | None  # None: the state is the initial state's base
+    state: str | None  # None: the state is ``state_base`` and ``fields``
     initial: str
     trajectory: list[str] = field(default_factory=list)
     expires_at: float = 0.0
     idempotency: dict[str, str] = field(default_factory=dict)
-    base: tuple[str, str] | None = None  # (tenant, digest) of the initial state when it is a base
-
-    @property
-    def current(self) -> str:
-        return self.initial if self.state is None else self.state
+    base: BaseKey | None = None  # the initial state's, when it is a base
+    state_base: BaseKey | None = None
+    fields: dict[str, str] = field(default_factory=dict)  # the delta against ``state_base``
+    delta_bytes: int = 0
 
 
 class MemoryStore:
@@ -41,7 +45,8 @@ class MemoryStore:
         self._bytes: dict[str, dict[str, int]] = {}  # tenant -> session id -> bytes it stores
         self._session_bytes: dict[str, int] = {}  # tenant -> the sum of its sessions' bytes
         self._record_bytes: dict[str, int] = {}  # tenant -> bytes of its catalog records
-        self._bases: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, digest) -> (text, sessions using it)
+        self._bases: dict[BaseKey, tuple[str, int]] = {}  # -> (text, uses by sessions)
+        self._parsed: dict[BaseKey, deltas.Base] = {}  # bases a delta was composed with
         self._last_sweep = 0.0
 
     def _entry(self, session_id: str) -> _Entry | None:
@@ -87,12 +92,49 @@ class MemoryStore:
             initial = shared
         for meta in metas:
             self._drop(meta.session_id)  # (a create never extends what an old session left)
+            entry = _Entry(replace(meta), own, initial, list(trajectory), time.time() + self.ttl)
             if base is not None:
-                self._bases[base] = (initial, self._bases.get(base, ("", 0))[1] + 1)
-            self._sessions[meta.session_id] = _Entry(
-                replace(meta), own, initial, list(trajectory), time.time() + self.ttl, base=base
-            )
+                entry.base = self._use(base, initial)
+                entry.state_base = self._use(base, initial) if own is None else None
+            self._sessions[meta.session_id] = entry
             self._count(tenant, meta.session_id, each)
+
+    def _use(self, key: BaseKey, text: str) -> BaseKey:
+        known = self._bases.get(key)
+        self._bases[key] = (text, 1) if known is None else (known[0], known[1] + 1)
+        return key
+
+    def _release(self, key: BaseKey | None) -> None:
+        if key is None:
+            return
+        text, users = self._bases.pop(key)
+        if users > 1:
+            self._bases[key] = (text, users - 1)
+        else:
+            self._parsed.pop(key, None)
+
+    def _current(self, entry: _Entry) -> str | None:
+        """The state; None when its delta does not fit its base (as only forged answers make)."""
+        if entry.state is not None:
+            return entry.state
+        assert entry.state_base is not None
+        text = self._bases[entry.state_base][0]
+        if not entry.fields:
+            return text
+        parsed = self._parsed.get(entry.state_base)
+        if parsed is None:
+            parsed = self._parsed[entry.state_base] = deltas.Base(text)
+        try:
+            return deltas.compose(parsed, entry.fields)
+        except ValueError:
+            return None
+
+    def _state_size(self, entry: _Entry) -> int:
+        """What the current state counts for the tenant: its own text, or its base and its delta."""
+        if entry.state is not None:
+            return stored_bytes(entry.state)
+        assert entry.state_base is not None
+        return stored_bytes(self._bases[entry.state_base][0]) + entry.delta_bytes
 
     def _reserve(self, tenant: str, needed: int, quota: int | None) -> None:
         """Raises BytesQuota when ``needed`` more bytes would take ``tenant`` past ``quota``."""
@@ -120,10 +162,8 @@ class MemoryStore:
         entry = self._sessions.pop(session_id, None)
         if entry is not None:
             self._uncount(entry.meta.tenant, session_id)
-            if entry.base is not None:
-                text, users = self._bases.pop(entry.base)
-                if users > 1:
-                    self._bases[entry.base] = (text, users - 1)
+            self._release(entry.base)
+            self._release(entry.state_base)
         return entry
 
     def bases(self, tenant: str) -> int:
@@ -135,28 +175,46 @@ class MemoryStore:
 
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         entry = self._entry(session_id)
-        if entry is None:
+        state = "" if entry is None or not blobs else self._current(entry)
+        if entry is None or state is None:
             return None
         return Snapshot(
             meta=replace(entry.meta),
-            state=entry.current,
-            initial=entry.initial,
+            state=state,
+            initial=entry.initial if blobs else "",
             expires_at=entry.expires_at,
             trajectory=list(entry.trajectory) if trajectory else [],
             initial_digest=entry.base[1] if entry.base is not None else "",
         )
 
     async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
-        snap = await self.load(source.session_id, trajectory=True)
-        if snap is None:
+        entry = self._entry(source.session_id)
+        if entry is None:
             return False
-        await self.create_group(metas, snap.state, snap.initial, snap.trajectory, quota=quota,
-                                initial_digest=snap.initial_digest)
+        each = self._state_size(entry) + stored_bytes(entry.initial) + sum(map(stored_bytes, entry.trajectory))
+        self._reserve(source.tenant, each * len(metas), quota)
+        for meta in metas:
+            self._drop(meta.session_id)
+            copied = _Entry(replace(meta), entry.state, entry.initial, list(entry.trajectory), time.time() + self.ttl,
+                            fields=dict(entry.fields), delta_bytes=entry.delta_bytes)
+            if entry.base is not None:
+                copied.base = self._use(entry.base, entry.initial)
+            if entry.state_base is not None:
+                copied.state_base = self._use(entry.state_base, self._bases[entry.state_base][0])
+            self._sessions[meta.session_id] = copied
+            self._count(source.tenant, meta.session_id, each)
         return True
 
     async def state(self, session_id: str) -> str | None:
         entry = self._entry(session_id)
-        return None if entry is None else entry.current
+        return None if entry is None else self._current(entry)
+
+    async def stored(self, session_id: str) -> tuple[str, dict[str, str] | None] | None:
+        entry = self._entry(session_id)
+        text = None if entry is None else self._current(entry)
+        if entry is None or text is None:
+            return None
+        return text, None if entry.state is not None else dict(entry.fields)
 
     @asynccontextmanager
     async def begin(self, session_id: str, wait: float, lease: float) -> AsyncIterator[Held]:
@@ -165,18 +223,36 @@ class MemoryStore:
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None, quota: int | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
+                     rebase: str = "") -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
             self._live[tenant][session_id] = time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
             return False
+        if delta is not None and (state is not None or entry.state_base is None):
+            return False  # a delta applies only to a state kept as a base and a delta
+        if state is not None:
+            change = stored_bytes(state) - self._state_size(entry)
+        elif delta is not None:
+            change = _delta_growth(entry.fields, delta)
+        else:
+            change = 0
         if tenant is not None:
-            grown = stored_bytes(record) + (0 if state is None else stored_bytes(state) - stored_bytes(entry.current))
+            grown = stored_bytes(record) + change
             self._reserve(tenant, grown, quota)
             self._count(tenant, session_id, grown)
         if state is not None:
+            self._release(entry.state_base)
+            entry.state_base, entry.fields, entry.delta_bytes = None, {}, 0
             entry.state = state
+            if rebase:
+                entry.state_base, entry.state = self._use((entry.meta.tenant, rebase), state), None
+        elif delta is not None:
+            for name in delta["unset"]:
+                entry.fields.pop(name, None)
+            entry.fields.update(delta["set"])
+            entry.delta_bytes += change
         entry.trajectory.append(record)
         entry.meta.step += 1
         entry.meta.done = entry.meta.done or done
@@ -288,3 +364,16 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+def _delta_growth(fields: dict[str, str], delta: dict[str, Any]) -> int:
+    """The bytes a delta's fields take beyond those they replace or remove."""
+    grown = 0
+    for name in delta["unset"]:
+        old = fields.get(name)
+        if old is not None:
+            grown -= stored_bytes(name) + stored_bytes(old)
+    for name, value in delta["set"].items():
+        old = fields.get(name)
+        grown += stored_bytes(value) - (stored_bytes(old) if old is not None else -stored_bytes(name))
+    return grown

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sandbox import deltas
 from service.keys import Keys
 from service.redis_lane import Lane
 from service.store import (
@@ -62,47 +63,78 @@ end
 # The idempotency key is written in the same script, so a step and the record of which request
 # made it exist together or not at all.
 COMMIT = TOUCH_BASES + """
+local mode = ARGV[2]  -- '0' the state stays, '1' a new state, '2' a delta, '3' a new base (ARGV[3] names it)
 local result = 1
 local grown = 0
+local dgrown = 0
+local nset = tonumber(ARGV[16])
+local function state_size()
+  if redis.call('EXISTS', KEYS[2]) == 1 then return redis.call('STRLEN', KEYS[2]) end
+  return tonumber(redis.call('HGET', KEYS[1], 'base_bytes') or '0') + tonumber(redis.call('HGET', KEYS[1], 'delta_bytes') or '0')
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   result = -1
 elseif tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then
   result = 0
+elseif mode == '2' and (redis.call('EXISTS', KEYS[2]) == 1 or not redis.call('HGET', KEYS[1], 'state_base')) then
+  result = -3  -- a delta, but the state is the session's own text
 else
   grown = #ARGV[4]
-  if ARGV[2] == '1' then
-    local old = redis.call('STRLEN', KEYS[2])
-    if old == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
-      old = tonumber(redis.call('HGET', KEYS[1], 'base_bytes') or '0')  -- the state is a base
+  if mode == '1' then
+    grown = grown + #ARGV[3] - state_size()
+  elseif mode == '3' then
+    grown = grown + tonumber(ARGV[15]) - state_size()
+  elseif mode == '2' then
+    for i = 17, 16 + 2 * nset, 2 do
+      local old = -#ARGV[i]
+      if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 1 then old = redis.call('HSTRLEN', KEYS[7], ARGV[i]) end
+      dgrown = dgrown + #ARGV[i + 1] - old
     end
-    grown = grown + #ARGV[3] - old
+    for i = 17 + 2 * nset, #ARGV do
+      if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 1 then
+        dgrown = dgrown - #ARGV[i] - redis.call('HSTRLEN', KEYS[7], ARGV[i])
+      end
+    end
+    grown = grown + dgrown
   end
-  if #KEYS == 9 and grown > 0 and tonumber(ARGV[12]) >= 0 then
-    local used = tonumber(redis.call('HGET', KEYS[8], '#total') or '0') + tonumber(redis.call('GET', KEYS[9]) or '0')
+  if #KEYS == 10 and grown > 0 and tonumber(ARGV[12]) >= 0 then
+    local used = tonumber(redis.call('HGET', KEYS[9], '#total') or '0') + tonumber(redis.call('GET', KEYS[10]) or '0')
     if used + grown > tonumber(ARGV[12]) then result = -2 end
   end
 end
 if result == 1 then
-  if ARGV[2] == '1' then
+  if mode == '1' or mode == '3' then
+    redis.call('DEL', KEYS[7])
+    redis.call('HDEL', KEYS[1], 'delta_bytes')
+  end
+  if mode == '1' then
     redis.call('SET', KEYS[2], ARGV[3])
     redis.call('HDEL', KEYS[1], 'state_base')  -- the state is the session's own from now on
+  elseif mode == '3' then
+    redis.call('DEL', KEYS[2])
+    redis.call('HSET', KEYS[1], 'state_base', ARGV[3], 'base_bytes', ARGV[15])
+  elseif mode == '2' then
+    for i = 17, 16 + 2 * nset, 2 do redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 1]) end
+    for i = 17 + 2 * nset, #ARGV do redis.call('HDEL', KEYS[7], ARGV[i]) end
+    redis.call('HINCRBY', KEYS[1], 'delta_bytes', dgrown)
   end
   redis.call('RPUSH', KEYS[4], ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'step', 1)
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
   for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+  redis.call('PEXPIRE', KEYS[7], ARGV[5])
   if ARGV[14] == '1' then touch_bases(KEYS[1], ARGV[13]) end
-  if #KEYS == 9 then
-    redis.call('HINCRBY', KEYS[8], ARGV[10], grown)
-    redis.call('HINCRBY', KEYS[8], '#total', grown)
-    redis.call('PEXPIREAT', KEYS[8], ARGV[11])
+  if #KEYS == 10 then
+    redis.call('HINCRBY', KEYS[9], ARGV[10], grown)
+    redis.call('HINCRBY', KEYS[9], '#total', grown)
+    redis.call('PEXPIREAT', KEYS[9], ARGV[11])
   end
 end
 if ARGV[9] ~= '' and redis.call('GET', KEYS[6]) == ARGV[9] then redis.call('DEL', KEYS[6]) end
-if #KEYS >= 7 then
-  redis.call('ZADD', KEYS[7], 'XX', ARGV[11], ARGV[10])
-  redis.call('PEXPIREAT', KEYS[7], ARGV[11])
+if #KEYS >= 8 then
+  redis.call('ZADD', KEYS[8], 'XX', ARGV[11], ARGV[10])
+  redis.call('PEXPIREAT', KEYS[8], ARGV[11])
 end
 return {result, grown}
 """
@@ -111,14 +143,15 @@ return {result, grown}
 FORK = TOUCH_BASES + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 touch_bases(KEYS[1], ARGV[4])
+local from = {1, 2, 3, 4, 6}  -- the source's meta, state, initial, trajectory, delta: where each goes
 for i = 1, #ARGV - 4 do
-  local base = 4 + (i - 1) * 5
-  for j = 1, 5 do redis.call('DEL', KEYS[base + j]) end
-  for j = 1, 4 do
-    if redis.call('EXISTS', KEYS[j]) == 1 then redis.call('COPY', KEYS[j], KEYS[base + j]) end
+  local base = 5 + (i - 1) * 6
+  for j = 1, 6 do redis.call('DEL', KEYS[base + j]) end
+  for j = 1, 5 do
+    if redis.call('EXISTS', KEYS[j]) == 1 then redis.call('COPY', KEYS[j], KEYS[base + from[j]]) end
   end
   redis.call('HSET', KEYS[base + 1], 'session_id', ARGV[4 + i], 'created_at', ARGV[2], 'parent_id', ARGV[3])
-  for j = 1, 5 do redis.call('PEXPIRE', KEYS[base + j], ARGV[1]) end
+  for j = 1, 6 do redis.call('PEXPIRE', KEYS[base + j], ARGV[1]) end
 end
 return 1
 """
@@ -132,7 +165,7 @@ if #meta == 0 then
   redis.call('DEL', KEYS[1])
   return meta
 end
-for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
 if ARGV[5] == '1' then touch_bases(KEYS[2], ARGV[4]) end
 return meta
 """
@@ -225,6 +258,12 @@ return false
 HEARTBEAT = 10.0
 # Bases kept read in this process (content-addressed, so never stale), least recently used first.
 BASE_CACHE_BYTES = 64 << 20
+PARSED_BASES = 8  # and kept parsed into parts, to compose states from their deltas
+OFF_LOOP_BYTES = 256 * 1024  # bases this large are parsed and composed off the event loop
+
+
+async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 class StoreUnavailable(StoreError):
@@ -386,6 +425,7 @@ class RedisStore:
         self._refresh = self.client.register_script(REFRESH)
         self._touch = "0" if self.cluster else "1"  # whether the session scripts refresh bases themselves
         self._base_texts: OrderedDict[str, str] = OrderedDict()  # base key -> its text
+        self._parsed: OrderedDict[str, deltas.Base] = OrderedDict()  # bases a delta was composed with
         self._base_bytes = 0
 
     async def translate(self, exc: RedisError) -> StoreError:
@@ -520,7 +560,7 @@ class RedisStore:
         if failure is not None:
             for meta in metas:
                 try:
-                    await self.client.delete(*self.keys.session(meta.session_id).data())
+                    await self.client.delete(*self.keys.session(meta.session_id).kept())
                 except RedisError:
                     pass  # unreachable now: the keys expire with the session TTL
             raise failure
@@ -567,9 +607,9 @@ class RedisStore:
         """The copy as one server-side script; None when this Redis cannot (no COPY before 6.2)."""
         if self.lane is not None:
             k = self.keys.session(source.session_id)
-            keys = [k.meta, k.state, k.initial, k.trajectory]
+            keys = [k.meta, k.state, k.initial, k.trajectory, k.delta]
             for meta in metas:
-                keys.extend(self.keys.session(meta.session_id).data())
+                keys.extend(self.keys.session(meta.session_id).kept())
             created = metas[0].to_fields()["created_at"]
             try:
                 done = await self._script(self._fork, keys, [self._ttl_ms, created, source.session_id,
@@ -583,7 +623,7 @@ class RedisStore:
     def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str],
                        base: Base | None = None) -> None:
         k = self.keys.session(meta.session_id)
-        pipe.delete(*k.data())  # a create never extends what an old session left
+        pipe.delete(*k.kept())  # a create never extends what an old session left
         fields = dict[Any, Any](meta.to_fields())
         if base is not None:  # the session names its base instead of holding a copy
             fields.update(initial_base=base.name, base_bytes=base.size)
@@ -603,7 +643,7 @@ class RedisStore:
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
         k = self.keys.session(session_id)
         if not blobs:
-            pairs = iter(await self._script(self._refresh, list(k.data()),
+            pairs = iter(await self._script(self._refresh, list(k.kept()),
                                             [self._ttl_ms, self._base_ttl_ms, self._touch]))
             fields = dict(zip(pairs, pairs, strict=True))
             if not fields or (self.cluster and await self._bases(_base_names(fields)) is None):
@@ -614,21 +654,19 @@ class RedisStore:
             pipe.hgetall(k.meta)
             pipe.get(k.state)
             pipe.get(k.initial)
+            pipe.hgetall(k.delta)
             if trajectory:
                 pipe.lrange(k.trajectory, 0, -1)
-            for key in k.data():
+            for key in k.kept():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
-        meta, state, initial = results[0], results[1], results[2]
+        meta, state, initial, fields = results[0], results[1], results[2], results[3]
         if not meta:
             return None
-        state_base, initial_base = meta.get("state_base", ""), meta.get("initial_base", "")
-        texts = await self._bases(_base_names(meta), [state_base if state is None else "",
-                                                      initial_base if initial is None else ""])
-        if texts is None:
-            return None
-        state = texts.get(state_base) if state is None else state
-        initial = texts.get(initial_base) if initial is None else initial
+        initial_base = meta.get("initial_base", "")
+        texts = await self._bases(_base_names(meta), [initial_base if initial is None else ""])
+        state = await self._composed(meta, state, fields, texts)
+        initial = texts.get(initial_base) if initial is None and texts is not None else initial
         if state is None or initial is None:
             return None
         return Snapshot(
@@ -636,40 +674,87 @@ class RedisStore:
             state=state,
             initial=initial,
             expires_at=time.time() + self.ttl,
-            trajectory=list(results[3]) if trajectory else [],
+            trajectory=list(results[4]) if trajectory else [],
             initial_digest=_digest(initial_base),
         )
 
-    @_translated
-    async def state(self, session_id: str) -> str | None:
+    async def _composed(self, meta: dict[str, str], state: str | None, fields: dict[str, str],
+                        texts: dict[str, str] | None) -> str | None:
+        """The session's state: its own text, or its base and its delta composed (off the event loop
+        when the base is large); None when its base is gone or the delta does not fit it."""
+        name = meta.get("state_base", "")
+        if state is not None or not name:
+            return state
+        found = await self._bases([name], [name]) if texts is None or name not in texts else texts
+        if found is None:
+            return None
+        if not fields:
+            return found[name]
+        parsed = self._parsed.get(name)
+        try:
+            if parsed is None:
+                parsed = await _off_loop(deltas.Base, found[name])
+                self._parsed[name] = parsed
+                while len(self._parsed) > PARSED_BASES:
+                    self._parsed.popitem(last=False)
+            self._parsed.move_to_end(name)
+            return await _off_loop(deltas.compose, parsed, fields) if parsed.size > OFF_LOOP_BYTES \
+                else deltas.compose(parsed, fields)
+        except ValueError:
+            return None  # (a delta only its own session's forged answers could have made)
+
+    async def _stored(self, session_id: str) -> tuple[str, dict[str, str] | None] | None:
         k = self.keys.session(session_id)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.get(k.state)
-            pipe.hget(k.meta, "state_base")
-            value, base = await pipe.execute()
-        if value is not None or not base:
-            return None if value is None else str(value)
-        texts = await self._bases([str(base)], [str(base)])
-        return None if texts is None else texts[str(base)]
+            pipe.hgetall(k.meta)
+            pipe.hgetall(k.delta)
+            value, meta, fields = await pipe.execute()
+        if not meta:
+            return None
+        text = await self._composed(meta, value, fields, None)
+        if text is None:
+            return None
+        return text, None if value is not None or not meta.get("state_base") else dict(fields)
+
+    @_translated
+    async def state(self, session_id: str) -> str | None:
+        found = await self._stored(session_id)
+        return None if found is None else found[0]
+
+    @_translated
+    async def stored(self, session_id: str) -> tuple[str, dict[str, str] | None] | None:
+        return await self._stored(session_id)
 
     @_translated
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None, quota: int | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
+                     rebase: str = "") -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
         expires = int((time.time() + self.ttl) * 1000)
-        args = [expected_step, "0" if state is None else "1", state or "", record, self._ttl_ms,
+        mode, text, size, changes = "0", "", 0, []
+        if state is not None and rebase:
+            mode, text, size = "3", self.keys.base(tenant or "", rebase), stored_bytes(state)
+            await self._keep_base(text, state)  # before the session names it
+        elif state is not None:
+            mode, text = "1", state
+        elif delta is not None:
+            mode = "2"
+            changes = [len(delta["set"]), *(i for pair in delta["set"].items() for i in pair), *delta["unset"]]
+        args = [expected_step, mode, text, record, self._ttl_ms,
                 "1" if done else "0", key, value, held.token if held else "", session_id, expires,
-                -1 if quota is None else quota, self._base_ttl_ms, self._touch]
-        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock]
+                -1 if quota is None else quota, self._base_ttl_ms, self._touch, size, *(changes or [0])]
+        keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock, k.delta]
         if tenant is not None and not self.cluster:
             # one round trip: commit, unlock, live count, bytes counted against the quota
             keys += [self.keys.live_sessions(tenant), self.keys.session_bytes(tenant), self.keys.record_bytes(tenant)]
         upper = 0
         if tenant is not None and self.cluster:
             # The tenant's counts are on another slot: the most the step can add is counted first.
-            upper = stored_bytes(record) + (0 if state is None else stored_bytes(state))
+            upper = stored_bytes(record) + (0 if state is None else stored_bytes(state)) + sum(
+                stored_bytes(str(item)) for item in changes[1:])
             await self._reserve(tenant, {session_id: upper}, quota)
         try:
             outcome, grown = await self._script(self._commit, keys, args)
@@ -735,7 +820,7 @@ class RedisStore:
             pipe.exists(k.meta)
             pipe.lrange(k.trajectory, 0, -1)
             pipe.hmget(k.meta, *BASE_FIELDS)
-            for key in k.data():
+            for key in k.kept():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
         await self._bases(list(results[2]))
@@ -749,7 +834,7 @@ class RedisStore:
             pipe.lrange(k.trajectory, offset, offset + limit - 1)
             pipe.llen(k.trajectory)
             pipe.hmget(k.meta, *BASE_FIELDS)
-            for key in k.data():
+            for key in k.kept():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
         await self._bases(list(results[3]))
@@ -774,7 +859,7 @@ class RedisStore:
     @_translated
     async def delete(self, session_id: str) -> bool:
         k = self.keys.session(session_id)
-        removed = await self.client.delete(*k.data())
+        removed = await self.client.delete(*k.kept())
         return int(removed) > 0
 
     @asynccontextmanager
@@ -801,7 +886,7 @@ class RedisStore:
         k = self.keys.session(session_id)
         token = secrets.token_hex(16)
         lease = min(lease, HEARTBEAT)
-        meta = await self._begin_locked([k.lock, *k.data()], token, wait, lease, session_id)
+        meta = await self._begin_locked([k.lock, *k.kept()], token, wait, lease, session_id)
         if not meta:
             yield Held(None, token, released=True)
             return

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
-from sandbox.pool import CallOutcome, WorkerPool
+from sandbox.pool import CallOutcome, Stored, WorkerPool
 from service import idempotency, rewind
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
@@ -180,7 +180,7 @@ class Sessions:
                              template: str | None = None) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                return await self.pool.init_state(env_code(env), config, session, template)
+                return await self.pool.init_state(env_code(env), config, session, template, deltas=True)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -311,7 +311,8 @@ class Sessions:
                     async with self._sandbox_slot(tenant):
                         arguments, outcome = await self._run(env, snap, name, raw_arguments)
                     record = _step_record(snap.meta.step + 1, name, arguments, outcome)
-                    await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held)
+                    await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
+                                       delta=outcome.delta, rebase=outcome.rebase)
                 except BaseException:
                     self.pool.forget(session_id)  # its live instance may hold a step that was not committed
                     raise
@@ -413,12 +414,17 @@ class Sessions:
         return Applied(_with_observation(json.loads(page[0][0])), replayed=True)
 
     async def _commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
-                      print_: str, done: bool = False, held: Held | None = None) -> None:
+                      print_: str, done: bool = False, held: Held | None = None,
+                      delta: dict[str, Any] | None = None, rebase: bool = False) -> None:
+        """Commit a step; a changed tree state comes as the ``delta`` of its parts, or as a whole
+        state to ``rebase`` on (stored as a content-addressed base, see ``sandbox.deltas``)."""
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
+        # (hashlib lets go of the GIL: a large state is hashed on a thread beside the event loop)
+        digest = await asyncio.to_thread(digest_of, state) if rebase and state is not None else ""
         committed = await self._store(self._quota(self.store.commit(
             session_id, snap.meta.step, state, self._encoded(record), done=done, idempotency=remembered,
-            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes)))
+            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes, delta=delta, rebase=digest)))
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
@@ -445,14 +451,14 @@ class Sessions:
             return arguments, _failed("invalid_arguments", f"{name}: {problem}")
         session_id = snap.meta.session_id
 
-        async def stored_state() -> str:
-            state: str | None = await self._store(self.store.state(session_id))
-            if state is None:
+        async def stored_state() -> Stored:
+            found: tuple[str, dict[str, str] | None] | None = await self._store(self.store.stored(session_id))
+            if found is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
-            return state
+            return Stored(*found)
 
         return arguments, await self.pool.session_call(env_code(env), session_id, snap.meta.step, stored_state,
-                                                       name, arguments)
+                                                       name, arguments, deltas=True)
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
         """Raises LimitExceeded: arguments over a bound (nothing is applied)."""

@@ -25,7 +25,7 @@ import hashlib
 import secrets
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class StoreError(Exception):
@@ -148,6 +148,10 @@ class SessionStore(Protocol):
     async def state(self, session_id: str) -> str | None:
         """The session's current encoded state alone."""
 
+    async def stored(self, session_id: str) -> tuple[str, dict[str, str] | None] | None:
+        """The current encoded state, and its delta's fields when it is kept as a base plus a delta
+        (``sandbox.deltas``; None when the state is the session's own text)."""
+
     async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         """Store sessions ``metas`` as copies of ``source`` at its current step (state, initial
         state, trajectory), all or none; False if ``source`` no longer exists. Each copy costs
@@ -159,7 +163,8 @@ class SessionStore(Protocol):
 
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
-                     held: Held | None = None, quota: int | None = None) -> bool:
+                     held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
+                     rebase: str = "") -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
@@ -167,6 +172,11 @@ class SessionStore(Protocol):
         ``tenant``, the session's place in that tenant's live count is refreshed too. With ``held``
         (from ``begin``), the call lock is released in the same step. With ``tenant``, the bytes the
         step adds (the record, the state's growth) count for the tenant.
+
+        With ``delta`` (``{"set": {field: value}, "unset": [field]}``, checked by the caller with
+        ``sandbox.deltas.problem``) and no ``state``, the step changes those fields of the state's
+        delta; refused (False) when the session's state is not a base plus a delta. With ``rebase``
+        (``digest_of(state)``), ``state`` becomes the session's base and its delta is emptied.
 
         Raises:
             BytesQuota: the step would take ``tenant`` past ``quota`` bytes (nothing is written;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import secrets
 import time
 from pathlib import Path
@@ -14,11 +15,12 @@ import httpx
 import pytest
 import redis
 
+from sandbox.deltas import field
 from service.keys import Keys
 from service.memory_store import MemoryStore
 from service.store import SessionMeta, SessionStore, digest_of, new_session_id
 from tests.conftest import Server, start_server
-from tests.service.test_store import StoreFactory, make_redis, make_store, raw_redis, store  # noqa: F401
+from tests.service.test_store import StoreFactory, make_redis, make_store, raw_redis  # noqa: F401
 
 BIG = json.dumps({"records": {f"R{i:05d}": {"note": "x" * 60, "n": i} for i in range(4000)}},
                  separators=(",", ":"))  # about 300 KB
@@ -29,7 +31,8 @@ def _meta(tenant: str) -> SessionMeta:
 
 
 @pytest.mark.anyio
-async def test_sessions_of_one_base_read_it_and_change_apart(store: SessionStore) -> None:
+async def test_sessions_of_one_base_read_it_and_change_apart(make_store: StoreFactory) -> None:  # noqa: F811
+    store: SessionStore = make_store()
     tenant = f"t-{secrets.token_hex(4)}"
     initial = '{"n":0}'
     metas = [_meta(tenant) for _ in range(3)]
@@ -60,7 +63,8 @@ async def test_sessions_of_one_base_read_it_and_change_apart(store: SessionStore
 
 
 @pytest.mark.anyio
-async def test_a_base_lives_while_its_sessions_are_used_however_they_are_read(make_store: StoreFactory) -> None:
+async def test_a_base_lives_while_its_sessions_are_used_however_they_are_read(
+        make_store: StoreFactory) -> None:  # noqa: F811
     store = make_store(ttl=0.6)
     tenant = f"t-{secrets.token_hex(4)}"
     metas = [_meta(tenant) for _ in range(2)]
@@ -126,6 +130,100 @@ async def test_redis_holds_one_base_and_a_session_made_from_it_holds_only_its_me
     assert await third.state(metas[5].session_id) is None
 
 
+# --- deltas ------------------------------------------------------------------------------------
+
+def _closed(n: int) -> str:
+    return field("records", f"R{n:05d}")
+
+
+CLOSED = '={"note":"' + "x" * 60 + '","n":%d,"closed":true}'
+
+
+@pytest.mark.anyio
+async def test_a_delta_step_stores_only_its_parts_and_reads_back_composed(
+        make_store: StoreFactory) -> None:  # noqa: F811
+    store: SessionStore = make_store()
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_meta(tenant) for _ in range(2)]
+    await store.create_group(metas, BIG, BIG, [], initial_digest=digest_of(BIG))
+    sid = metas[0].session_id
+    expected = json.loads(BIG)
+    for n in range(5):
+        change = {"set": {_closed(n): CLOSED % n}, "unset": []}
+        assert await store.commit(sid, n, None, f"r{n}", tenant=tenant, delta=change) is True
+        expected["records"][f"R{n:05d}"]["closed"] = True
+    text = json.dumps(expected, separators=(",", ":"))
+    snap = await store.load(sid, trajectory=True)
+    assert snap is not None and snap.state == text and snap.initial == BIG and snap.meta.step == 5
+    assert await store.state(sid) == text
+    found = await store.stored(sid)
+    assert found is not None and found[0] == text and found[1] == {_closed(n): CLOSED % n for n in range(5)}
+    other = await store.stored(metas[1].session_id)
+    assert other == (BIG, {})  # its sibling still reads the base alone
+    # a copy carries the delta
+    copies = [_meta(tenant)]
+    assert await store.copy(snap.meta, copies) is True
+    assert await store.state(copies[0].session_id) == text
+    # a step back removes a part from the delta, and the state is the base's again there
+    assert await store.commit(sid, 5, None, "r5", tenant=tenant,
+                              delta={"set": {}, "unset": [_closed(n) for n in range(5)]}) is True
+    assert await store.stored(sid) == (BIG, {})
+    # a rebase makes the state a new base, shared by digest, and empties the delta
+    assert await store.commit(sid, 6, text, "r6", tenant=tenant, rebase=digest_of(text)) is True
+    assert await store.stored(sid) == (text, {})
+    assert await store.commit(sid, 7, None, "r7", tenant=tenant,
+                              delta={"set": {field("count"): "+1:3"}, "unset": []}) is True
+    assert await store.state(sid) == text[:-1] + ',"count":3}'
+    initial = await store.load(sid)
+    assert initial is not None and initial.initial == BIG  # the initial state stays the first base
+    # a whole state makes it the session's own again: a delta then is refused, nothing changes
+    assert await store.commit(sid, 8, '{"n":1}', "r8", tenant=tenant) is True
+    assert await store.stored(sid) == ('{"n":1}', None)
+    assert await store.commit(sid, 9, None, "r9", tenant=tenant, delta={"set": {field("n"): "=2"}, "unset": []}) is False
+    after = await store.load(sid, trajectory=True)
+    assert after is not None and (after.state, after.meta.step, len(after.trajectory)) == ('{"n":1}', 9, 9)
+    assert await store.stored(metas[1].session_id) == (BIG, {})
+
+
+@pytest.mark.anyio
+async def test_a_delta_that_does_not_fit_the_base_harms_only_its_own_session(
+        make_store: StoreFactory) -> None:  # noqa: F811
+    store: SessionStore = make_store()
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_meta(tenant) for _ in range(2)]
+    await store.create_group(metas, BIG, BIG, [], initial_digest=digest_of(BIG))
+    forged = {"set": {field("nowhere", "x"): "=1"}, "unset": []}  # well formed, but fits no base
+    assert await store.commit(metas[0].session_id, 0, None, "r1", tenant=tenant, delta=forged) is True
+    assert await store.state(metas[0].session_id) is None  # unreadable, as if gone
+    assert await store.load(metas[0].session_id) is None
+    assert await store.state(metas[1].session_id) == BIG
+
+
+@pytest.mark.redis
+@pytest.mark.anyio
+async def test_redis_a_session_after_five_delta_steps_holds_kilobytes_not_its_state(
+        make_redis: StoreFactory, raw_redis: redis.Redis) -> None:  # noqa: F811
+    store = make_redis()
+    prefix = make_redis.prefix or ""
+    tenant = f"t-{secrets.token_hex(4)}"
+    meta = _meta(tenant)
+    await store.create(meta, "{}", "{}", [])  # (a neighbour with a state of its own)
+    metas = [_meta(tenant)]
+    await store.create_group(metas, BIG, BIG, [], initial_digest=digest_of(BIG))
+    sid = metas[0].session_id
+    for n in range(5):
+        assert await store.commit(sid, n, None, "r", tenant=tenant,
+                                  delta={"set": {_closed(n): CLOSED % n}, "unset": []}) is True
+    keys = Keys(prefix).session(sid)
+    mine = set(raw_redis.scan_iter(match=f"{prefix}:*{sid}*", count=1000))
+    assert mine == {keys.meta, keys.delta, keys.trajectory}
+    held = sum(raw_redis.memory_usage(k) or 0 for k in mine if k != keys.trajectory)
+    assert held <= 4096 and len(BIG) > 250_000
+    assert 0 < raw_redis.pttl(keys.delta) <= 3600_000
+    # another replica composes the same text from the base and the delta
+    assert await make_redis().state(sid) == await store.state(sid)
+
+
 # --- through the API ---------------------------------------------------------------------------
 
 WORLD = '''
@@ -142,13 +240,46 @@ class World:
         """
         self.records[record_id]["status"] = "closed"
         return {"ok": True}
+
+    def read(self, record_id: str) -> dict:
+        """Read a record.
+
+        Args:
+            record_id: its id
+        """
+        return self.records[record_id]
+
+    def add(self, record_id: str) -> dict:
+        """Add a record at the end.
+
+        Args:
+            record_id: its id
+        """
+        self.records[record_id] = {"status": "new", "note": ""}
+        return {"ok": True}
+
+    def drop(self, record_id: str) -> dict:
+        """Remove a record.
+
+        Args:
+            record_id: its id
+        """
+        del self.records[record_id]
+        return {"ok": True}
+
+    def close_all(self) -> dict:
+        """Close every record (a change as large as the state)."""
+        for record in self.records.values():
+            record["status"] = "closed"
+        return {"ok": True}
 '''
 
 
-def _setup(client: httpx.Client) -> None:
-    added = client.post("/v1/environments", json={"env_id": "world_bases", "class_name": "World", "code": WORLD})
+def _setup(client: httpx.Client, suffix: str = "") -> None:
+    added = client.post("/v1/environments", json={"env_id": f"world_bases{suffix}", "class_name": "World",
+                                                  "code": WORLD})
     assert added.status_code in (200, 201), added.text
-    scenario = {"scenario_id": "world-bases", "env_id": "world_bases", "task": "Close records.",
+    scenario = {"scenario_id": f"world-bases{suffix}", "env_id": f"world_bases{suffix}", "task": "Close records.",
                 "init_config": {"size": 3000},
                 "checklist": [{"item": "R00000 closed",
                                "check": "def check_func(final_state):\n    return final_state['records']"
@@ -210,3 +341,47 @@ def test_sessions_from_a_scenario_share_its_initial_state_across_replicas_and_re
         if keys:
             raw.delete(*keys)
         raw.close()
+
+
+def _do(client: httpx.Client, sid: str, name: str, **arguments: str) -> None:
+    answer = client.post(f"/v1/sessions/{sid}/calls", json={"name": name, "arguments": arguments})
+    assert answer.status_code == 200 and answer.json()["ok"] is True, answer.text
+
+
+def test_writes_kept_as_deltas_read_back_exactly_and_a_large_change_rebases(client: httpx.Client) -> None:
+    suffix = secrets.token_hex(3)
+    _setup(client, suffix)
+    sid = client.post("/v1/sessions", json={"scenario_id": f"world-bases{suffix}"}).json()["session_id"]
+    other = client.post("/v1/sessions", json={"scenario_id": f"world-bases{suffix}"}).json()["session_id"]
+    expected = _state(client, sid)
+    records: dict[str, dict[str, str]] = expected["records"]  # type: ignore[assignment]
+    rng = random.Random(7)
+    for n in range(40):
+        op = rng.choice(["close", "add", "drop", "read"])
+        key = f"R{rng.randrange(3000):05d}"
+        if op == "add":
+            key = f"N{n:03d}"
+            records[key] = {"status": "new", "note": ""}
+        elif op == "drop":
+            if key not in records:
+                continue
+            del records[key]
+        elif key not in records:
+            continue
+        elif op == "close":
+            records[key]["status"] = "closed"
+        _do(client, sid, op, record_id=key)
+        if n % 8 == 0:
+            assert _state(client, sid) == expected, n  # (JSON objects compare in order too below)
+    assert list(_state(client, sid)["records"]) == list(records)  # type: ignore[call-overload]
+    _do(client, sid, "close_all")
+    for record in records.values():
+        record["status"] = "closed"
+    _do(client, sid, "add", record_id="Z")
+    records["Z"] = {"status": "new", "note": ""}
+    assert _state(client, sid) == expected
+    assert list(_state(client, sid)["records"]) == list(records)  # type: ignore[call-overload]
+    assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
+    assert _state(client, other)["records"]["R00000"]["status"] == "open"  # type: ignore[index]
+    back = client.get(f"/v1/sessions/{sid}/state", params={"step": 0})
+    assert back.status_code == 200 and back.json()["state"] == _state(client, other)
