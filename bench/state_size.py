@@ -8,7 +8,9 @@ of tau-bench's airline database). For each it prints the p50 of creating a sessi
 scenario (the first create, which builds the scenario's template, apart), of a read call, of a
 one-record write, of `GET /state`, and of a fork at the current step and at step 1, and the
 ratio 3 MB / 4 KB of each, both measured in this run. With `--redis` it also prints the Redis
-bytes one session holds after create and five one-record writes (`MEMORY USAGE` of its keys).
+bytes one session holds after create and five one-record writes (`MEMORY USAGE` of its keys but
+its trajectory), its trajectory's, and those of the bases every session of the tenant shares (each
+initial state once, and the bases sessions rebased on).
 The client is sequential (one request at a time): these are latencies, not throughput.
 """
 
@@ -107,23 +109,32 @@ def measure(client: httpx.Client, scenario_id: str, repeat: int, redis_url: str 
     result = {name: p50(samples) for name, samples in figures.items()}
     result["first create"] = first_create * 1000
     if redis_url and prefix:
-        result["redis KiB"] = redis_bytes(client, scenario_id, redis_url, prefix) / 1024
+        result.update(redis_bytes(client, scenario_id, redis_url, prefix))
     for sid in sessions:
         client.delete(f"/v1/sessions/{sid}")
     return result
 
 
-def redis_bytes(client: httpx.Client, scenario_id: str, redis_url: str, prefix: str) -> int:
+def redis_bytes(client: httpx.Client, scenario_id: str, redis_url: str, prefix: str) -> dict[str, float]:
+    """KiB one session holds after create and five one-record writes: its own keys but the
+    trajectory, its trajectory, and the shared bases of the tenant (stored once for all its sessions)."""
     import redis
 
     sid = client.post("/v1/sessions", json={"scenario_id": scenario_id}).json()["session_id"]
     for n in range(5):
         client.post(f"/v1/sessions/{sid}/calls", json={"name": "cancel_reservation",
                                                        "arguments": {"reservation_id": f"R{n:05d}"}})
-    store = redis.Redis.from_url(redis_url)
-    used = sum(store.memory_usage(key) or 0 for key in store.scan_iter(match=f"{prefix}:*{sid}*", count=1000))
+    store = redis.Redis.from_url(redis_url, decode_responses=True)
+    own = trajectory = 0
+    for key in store.scan_iter(match=f"{prefix}:*{sid}*", count=1000):
+        size = store.memory_usage(key) or 0
+        if key.endswith(":trajectory"):
+            trajectory += size
+        else:
+            own += size
+    shared = sum(store.memory_usage(key) or 0 for key in store.scan_iter(match=f"{prefix}:base:*", count=1000))
     client.delete(f"/v1/sessions/{sid}")
-    return used
+    return {"redis KiB": own / 1024, "trajectory KiB": trajectory / 1024, "bases KiB": shared / 1024}
 
 
 def main() -> None:

@@ -323,6 +323,16 @@ def test_sessions_from_a_scenario_share_its_initial_state_across_replicas_and_re
             assert a.post(f"/v1/sessions/{made[1]}/score").json()["reward"] == 0.0
             assert _state(a, group[1])["records"]["R00000"] == {"status": "closed", "note": "x" * 60}  # type: ignore[index]
             assert _state(a, group[2]) == initial  # its group siblings are as they were
+            # five one-record writes: the session holds the records it changed, not its state
+            for n in range(1, 6):
+                _do(b if n % 2 else a, group[1], "close", record_id=f"R{n:05d}")
+            keys = Keys(prefix).session(group[1])
+            assert raw.exists(keys.state) == 0 and raw.hlen(keys.delta) == 6
+            held = sum(raw.memory_usage(k) or 0 for k in (keys.meta, keys.delta))
+            assert held <= 8192, held
+            written = _state(b, group[1])
+            assert [n for n, r in written["records"].items() if r["status"] == "closed"] == [  # type: ignore[attr-defined]
+                f"R{n:05d}" for n in range(6)]
             forked = a.post(f"/v1/sessions/{group[1]}/fork", json={"step": 0}).json()["session_ids"][0]
             assert _state(b, forked) == initial
     finally:
@@ -332,9 +342,20 @@ def test_sessions_from_a_scenario_share_its_initial_state_across_replicas_and_re
     try:
         with third.client() as c:
             assert _state(c, made[2]) == initial
-            assert _state(c, group[1])["records"]["R00000"]["status"] == "closed"  # type: ignore[index]
+            assert _state(c, group[1]) == written  # rebuilt from the base and the delta
             answer = c.post(f"/v1/sessions/{made[2]}/calls", json={"name": "close", "arguments": {"record_id": "R00001"}})
             assert answer.status_code == 200 and answer.json()["ok"] is True, answer.text
+            _do(c, group[1], "close", record_id="R00009")  # a cold session goes on from its delta
+            # a change as large as the state rebases the session on a base of its own
+            _do(c, group[1], "close_all")
+            keys = Keys(prefix).session(group[1])
+            assert raw.exists(keys.state) == 0 and raw.exists(keys.delta) == 0
+            assert len(list(raw.scan_iter(match=f"{prefix}:base:*", count=1000))) == 2
+            _do(c, group[1], "add", record_id="Z")
+            assert raw.hlen(keys.delta) == 1
+            final = _state(c, group[1])
+            assert list(final["records"])[-1] == "Z" and all(  # type: ignore[call-overload]
+                r["status"] == "closed" for k, r in final["records"].items() if k != "Z")  # type: ignore[attr-defined]
     finally:
         third.stop()
         keys = list(raw.scan_iter(match=f"{prefix}:*", count=1000))
