@@ -44,6 +44,7 @@ from sandbox.forks import (
     detach_standard_streams,
     error,
     finish,
+    hide_paths,
     in_fork,
     reap,
     spawn_spare,
@@ -299,7 +300,16 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
 
 def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
     def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the host
+        # Offered first to the kernel's OOM killer: live sessions and calls inherit this, and a
+        # session's live instance is only a cache of its stored state. (Written now, because
+        # the ruleset below hides /proc.)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as adj:
+                adj.write("1000")
+        except OSError:
+            pass
         if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
+            hide_paths(limits, tuple(spec.get("layers", ())))
             seccomp.confine_session()
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         try:

@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         report["applied"].append("syscalls")
     else:
         report["missing"]["syscalls"] = f"no seccomp filter on environment code ({runtime.filter_missing})"
+    if runtime.paths_missing is None:
+        report["applied"].append("paths")
+    else:
+        report["missing"]["paths"] = f"/proc, /sys and /dev stay open to environment code ({runtime.paths_missing})"
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:
