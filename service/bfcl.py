@@ -450,7 +450,9 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                 scenario_id=f"bfcl-{entry_id.replace('_', '-')}", env_id=combo.env_id, task=_task(entry),
                 init_config={"_initial_config": entry.get("initial_config") or {},
                              "_long_context": category == "multi_turn_long_context"},
-                checklist=_checks(combo, calls), reference_solution=calls))
+                checklist=_checks(combo, calls), reference_solution=calls,
+                # BFCL has no train/test: its category is the set a run evaluates on.
+                split=category, tags=("bfcl",)))
     for env in catalog.environments.values():
         if catalog.scenarios_of(env.env_id):  # every entry of a combination may have been skipped
             write_package(env, catalog.scenarios_of(env.env_id), Path(out))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,36 @@ class ConflictError(CatalogError):
 
 
 CHECK_KINDS = ("change", "keep")
+# A split ("test", "train", a benchmark category) and tags ("retail", "bfcl") select scenarios in
+# listings and rollouts. Short, URL-safe words: they travel in query strings and cursors unescaped.
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+MAX_TAGS = 16
+_LABEL = re.compile(LABEL_PATTERN)
+
+
+def check_labels(split: Any, tags: Any, where: str = "scenario") -> tuple[str | None, tuple[str, ...]]:
+    """The split and tags of a scenario record, validated.
+
+    Raises:
+        CatalogError: naming ``split`` or ``tags`` (a wrong type, a character outside the pattern,
+            more than MAX_TAGS tags, a tag given twice).
+    """
+    if split is not None and not (isinstance(split, str) and _LABEL.fullmatch(split)):
+        raise CatalogError(f"{where}: split must match {LABEL_PATTERN} (1-64 letters, digits, '_.:-')",
+                           field="split", path=where)
+    if tags is None:
+        return split, ()
+    if not isinstance(tags, list):
+        raise CatalogError(f"{where}: tags must be a list of strings", field="tags", path=where)
+    if len(tags) > MAX_TAGS:
+        raise CatalogError(f"{where}: at most {MAX_TAGS} tags, got {len(tags)}", field="tags", path=where)
+    for i, tag in enumerate(tags):
+        if not (isinstance(tag, str) and _LABEL.fullmatch(tag)):
+            raise CatalogError(f"{where}: tags[{i}] must match {LABEL_PATTERN} (1-64 letters, digits, '_.:-')",
+                               field=f"tags[{i}]", path=where)
+    if len(set(tags)) != len(tags):
+        raise CatalogError(f"{where}: tags must not repeat", field="tags", path=where)
+    return split, tuple(tags)
 
 
 @dataclass(frozen=True)
@@ -68,6 +99,8 @@ class Scenario:
     # The correct outcome may leave the state as it was (a benchmark task whose answer is to refuse):
     # validation then notes, rather than reports, checks that pass before any call.
     unchanged_is_correct: bool = False
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -84,6 +117,11 @@ class Scenario:
             ]
         if self.unchanged_is_correct:
             data["unchanged_is_correct"] = True
+        # Left out when unset, so records and content ids written before labels existed stay the same.
+        if self.split is not None:
+            data["split"] = self.split
+        if self.tags:
+            data["tags"] = list(self.tags)
         return data
 
     @classmethod
@@ -129,6 +167,7 @@ class Scenario:
                     raise CatalogError(f"{where}: reference_solution[{i}].arguments must be an object",
                                        field=f"reference_solution[{i}]", path=where)
                 solution.append(ToolCall(name=call["name"], arguments=arguments))
+        split, tags = check_labels(data.get("split"), data.get("tags"), where)
         # Without an id, derive one from the content: every replica and restart must agree on it.
         scenario_id = data.get("scenario_id") or content_scenario_id(data)
         return cls(
@@ -139,6 +178,8 @@ class Scenario:
             checklist=checklist,
             reference_solution=solution,
             unchanged_is_correct=data.get("unchanged_is_correct") is True,
+            split=split,
+            tags=tags,
         )
 
 
@@ -260,6 +301,8 @@ class Catalog:
         self.environments: dict[str, Environment] = {}
         self.scenarios: dict[str, Scenario] = {}
         self.problems: list[str] = []
+        # Bumped on every change, so indexes built over the catalog know when to rebuild.
+        self.version = 0
 
     def add_environment(self, env: Environment) -> bool:
         """Add ``env``; return False when the same definition is already present.
@@ -294,6 +337,7 @@ class Catalog:
                 )
             return False
         self.scenarios[scenario.scenario_id] = scenario
+        self.version += 1
         return True
 
     def scenarios_of(self, env_id: str) -> list[Scenario]:

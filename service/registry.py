@@ -11,9 +11,11 @@ parses to is cached by the record's content, so a replica never re-analyses code
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import secrets
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +31,7 @@ from service.problems import (
     QuotaExceeded,
     Unavailable,
 )
+from service.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
 from service.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 
 PARSED_CACHE = 512
@@ -48,6 +51,8 @@ class Registry:
         self.max_scenarios = max_scenarios
         self.max_tenant_bytes = max_tenant_bytes
         self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
+        self._index: ScenarioIndex | None = None
+        self._indexed_version = -1
 
     async def environment(self, env_id: str, tenant: str = "") -> Environment:
         """Raises NotFound."""
@@ -75,11 +80,46 @@ class Registry:
             envs.setdefault(env_id, self._environment_from(record))
         return sorted(envs.values(), key=lambda e: e.env_id)
 
-    async def scenarios(self, tenant: str = "") -> list[Scenario]:
-        scenarios = dict(self.catalog.scenarios)
-        for scenario_id, record in (await self.store.all_records("scenarios", tenant=tenant)).items():
-            scenarios.setdefault(scenario_id, self._scenario_from(record))
-        return list(scenarios.values())
+    def index(self) -> ScenarioIndex:
+        """The loaded catalog's scenario index, built once (again only if the catalog changed)."""
+        if self._index is None or self._indexed_version != self.catalog.version:
+            self._index = ScenarioIndex(self.catalog.scenarios.values())
+            self._indexed_version = self.catalog.version
+        return self._index
+
+    async def added_scenarios(self, tenant: str = "") -> list[Scenario]:
+        """The scenarios ``tenant`` added over the API, by id (read from the store: every replica's additions)."""
+        records = await self.store.all_records("scenarios", tenant=tenant)
+        added = (self._scenario_from(r) for key, r in records.items() if key not in self.catalog.scenarios)
+        return sorted(added, key=lambda s: s.scenario_id)
+
+    async def matching(self, query: ScenarioQuery, tenant: str = "") -> tuple[Sequence[Scenario], list[Scenario]]:
+        """What ``query`` selects, by id: from the loaded catalogs (indexed) and from what ``tenant`` added.
+
+        Raises NotFound when ``query.env`` is not an environment the tenant sees.
+        """
+        if query.env is not None:
+            await self.environment(query.env, tenant)
+        added = [s for s in await self.added_scenarios(tenant) if query.matches(s)]
+        return self.index().matching(query), added
+
+    async def select(self, query: ScenarioQuery, tenant: str = "") -> Sequence[Scenario]:
+        """Every scenario ``query`` selects for ``tenant``, by id. Raises NotFound as ``matching``."""
+        loaded, added = await self.matching(query, tenant)
+        return list(heapq.merge(loaded, added, key=lambda s: s.scenario_id)) if added else loaded
+
+    async def scenario_page(self, query: ScenarioQuery, after: str | None, limit: int, tenant: str = "") -> Page:
+        """The first ``limit`` scenarios ``query`` selects for ``tenant`` after the id ``after``. Raises NotFound."""
+        loaded, added = await self.matching(query, tenant)
+        return page(loaded, added, after, limit)
+
+    async def scenario_counts(self, tenant: str = "") -> dict[str, int]:
+        """Scenarios per environment id, as ``tenant`` sees them."""
+        index = self.index()
+        counts = {env_id: index.count(env_id) for env_id in self.catalog.environments}
+        for scenario in await self.added_scenarios(tenant):
+            counts[scenario.env_id] = counts.get(scenario.env_id, 0) + 1
+        return counts
 
     async def add_environment(self, env: Environment, tenant: str = "") -> Environment:
         """Validate ``env`` in the sandbox and publish it for ``tenant``.

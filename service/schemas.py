@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.catalog import LABEL_PATTERN, MAX_TAGS
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -74,14 +76,25 @@ class ToolCallSpec(Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+SPLIT_MEANING = "The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any."
+TAGS_MEANING = "Labels to select scenarios by (e.g. a benchmark and its domain)."
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
+
+
 class ScenarioSummary(BaseModel):
     scenario_id: str
     env_id: str
     task: str
+    split: str | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
 
 
 class ScenarioList(BaseModel):
-    scenarios: list[ScenarioSummary]
+    scenarios: list[ScenarioSummary] = Field(description="This page, by scenario id.")
+    total: int = Field(description="Scenarios matching the filters, on every page.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+    next: str | None = Field(description="The next page's path and query (the same filters and limit); null on "
+                             "the last page.")
 
 
 class ScenarioDetail(BaseModel):
@@ -91,6 +104,8 @@ class ScenarioDetail(BaseModel):
     init_config: dict[str, Any]
     checklist: list[CheckItem]
     reference_solution: list[ToolCallSpec] | None = None
+    split: str | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
 
 
 class ScenarioCreate(Strict):
@@ -100,6 +115,15 @@ class ScenarioCreate(Strict):
     init_config: dict[str, Any] = Field(default_factory=dict)
     checklist: list[CheckItem] = Field(default_factory=list, max_length=MAX_CHECKS)
     reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=MAX_SOLUTION_CALLS)
+    split: Label | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS, description=TAGS_MEANING)
+
+    @field_validator("tags")
+    @classmethod
+    def distinct(cls, tags: list[str]) -> list[str]:
+        if len(set(tags)) != len(tags):
+            raise ValueError("tags must not repeat")
+        return tags
 
 
 # -- sessions ---------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ def test_ground_truth_calls_become_named_reference_solutions(imported: tuple[Pat
     line = (imported[0] / "bfcl_CounterAPI-NotesAPI" / "scenarios.jsonl").read_text().splitlines()[0]
     scenario = json.loads(line)
     assert scenario["scenario_id"] == "bfcl-multi-turn-base-0"
+    assert scenario["split"] == "multi_turn_base" and scenario["tags"] == ["bfcl"]
     assert scenario["reference_solution"] == [
         {"name": "add_note", "arguments": {"title": "todo", "text": "buy milk"}},
         {"name": "increment", "arguments": {"times": 3}},  # positional in BFCL's ground truth
@@ -114,6 +115,8 @@ def test_long_context_entries_load_the_long_context_state(client: httpx.Client) 
     assert call(client, sid, "delete_note", {"title": "archived 7"})["observation"] == '{"deleted": true}'
     titles = json.loads(call(client, sid, "list_titles")["observation"])["titles"]
     assert len(titles) == 50 and "welcome" in titles
+    long = client.get("/v1/scenarios", params={"split": "multi_turn_long_context", "tag": "bfcl"}).json()
+    assert [s["scenario_id"] for s in long["scenarios"]] == ["bfcl-multi-turn-long-context-0"]
 
 
 def test_categories_it_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:

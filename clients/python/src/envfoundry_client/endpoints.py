@@ -9,7 +9,7 @@ call and the service answers a repeat with the first response instead of applyin
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -23,6 +23,7 @@ from envfoundry_client.models import (
     MessageReply,
     Mode,
     Scenario,
+    ScenarioPage,
     ScenarioSummary,
     Score,
     Session,
@@ -103,9 +104,22 @@ def delete_environment(env_id: str) -> Operation[None]:
 
 
 def list_scenarios(env_id: str) -> Operation[list[ScenarioSummary]]:
-    """The scenarios of one environment, by id. Raises ``NotFound`` for an unknown environment."""
+    """The scenarios of one environment, by id: as many as one page holds (1000); ``iter_scenarios``
+    reads past that. Raises ``NotFound`` for an unknown environment."""
     return _get(f"/v1/environments/{_seg(env_id)}/scenarios",
                 lambda b: [ScenarioSummary.from_json(s) for s in b["scenarios"]])
+
+
+def find_scenarios(*, env_id: str | None = None, split: str | None = None, tags: Sequence[str] = (),
+                   limit: int | None = None, cursor: str | None = None) -> Operation[ScenarioPage]:
+    """One page of the scenarios served, by id: of ``env_id``, in ``split``, carrying every one of ``tags``
+    (each filter when given). Pass the page's ``next_cursor`` as ``cursor`` for the next one, with the same
+    filters. Raises ``NotFound`` (unknown environment), ``InvalidRequest`` (a bad label, limit or cursor)."""
+    params: dict[str, Any] = {k: v for k, v in (("env", env_id), ("split", split), ("limit", limit),
+                                                ("cursor", cursor)) if v is not None}
+    if tags:
+        params["tag"] = list(tags)
+    return _get("/v1/scenarios", ScenarioPage.from_json, params or None)
 
 
 def get_scenario(scenario_id: str) -> Operation[Scenario]:
@@ -115,10 +129,16 @@ def get_scenario(scenario_id: str) -> Operation[Scenario]:
 
 def create_scenario(env_id: str, task: str, *, init_config: JSON | None = None,
                     checklist: list[CheckItem] | None = None, reference_solution: list[ToolCall] | None = None,
-                    scenario_id: str | None = None) -> Operation[Scenario]:
-    """Add a scenario to an environment (the service picks an id unless given). Raises ``NotFound``."""
+                    scenario_id: str | None = None, split: str | None = None,
+                    tags: Sequence[str] = ()) -> Operation[Scenario]:
+    """Add a scenario to an environment (the service picks an id unless given), optionally in a ``split``
+    and with ``tags``. Raises ``NotFound``, ``InvalidRequest`` (a bad label names ``split`` or ``tags``)."""
     body: JSON = {"env_id": env_id, "task": task, "init_config": init_config or {},
                   "checklist": [c.to_json() for c in checklist or []]}
+    if split is not None:
+        body["split"] = split
+    if tags:
+        body["tags"] = list(tags)
     if reference_solution is not None:
         body["reference_solution"] = [c.to_json() for c in reference_solution]
     if scenario_id is not None:
@@ -225,5 +245,5 @@ def delete_session(session_id: str) -> Operation[None]:
 
 
 ENDPOINTS = (health, list_environments, get_environment, create_environment, delete_environment, list_scenarios,
-             get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
+             find_scenarios, get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
              state, trajectory, score, fork, delete_session)

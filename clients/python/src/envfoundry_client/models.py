@@ -63,10 +63,27 @@ class ScenarioSummary:
     scenario_id: str
     env_id: str
     task: str
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, body: JSON) -> ScenarioSummary:
-        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]))
+        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]), _str_or_none(body.get("split")),
+                   tuple(str(t) for t in body.get("tags") or ()))
+
+
+@dataclass(frozen=True)
+class ScenarioPage:
+    """One page of a scenario listing: ``next_cursor`` continues it (None on the last page)."""
+
+    scenarios: list[ScenarioSummary]
+    total: int
+    next_cursor: str | None = None
+
+    @classmethod
+    def from_json(cls, body: JSON) -> ScenarioPage:
+        return cls([ScenarioSummary.from_json(s) for s in body["scenarios"]],
+                   int(body.get("total", len(body["scenarios"]))), _str_or_none(body.get("next_cursor")))
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,8 @@ class Scenario:
     init_config: JSON = field(repr=False)
     checklist: list[CheckItem] = field(repr=False)
     reference_solution: list[ToolCall] | None = field(default=None, repr=False)
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, body: JSON) -> Scenario:
@@ -102,7 +121,8 @@ class Scenario:
         return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]), dict(body["init_config"]),
                    [CheckItem(str(c["item"]), str(c["check"])) for c in body["checklist"]],
                    None if solution is None else [ToolCall(str(c["name"]), dict(c.get("arguments") or {}))
-                                                  for c in solution])
+                                                  for c in solution],
+                   _str_or_none(body.get("split")), tuple(str(t) for t in body.get("tags") or ()))
 
 
 @dataclass(frozen=True)
