@@ -48,6 +48,7 @@ class WorkerLimits:
     open_files: int = 64
     processes: int = 0
     output_bytes: int = 1 << 20
+    layers_root: str = ""  # where package layers lie; a host may use only layers under it
     dedicated_uid: bool = False  # no process outside this worker shares its uid
     filtered: bool = False  # the zygote holds the seccomp filter: hosts and validations add the signal one
 
