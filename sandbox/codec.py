@@ -296,7 +296,8 @@ def stored_attributes(value: Any, kind: type) -> tuple[dict[str, Any], dict[str,
         return None
     if not hasattr(kind, "__slots__"):
         return attributes, {}  # (written so before slots were carried; kept exactly)
-    if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__ \
+    protocol: Any = kind  # (class attributes compared with object's own, which mypy reads as methods)
+    if protocol.__reduce_ex__ is not object.__reduce_ex__ or protocol.__reduce__ is not object.__reduce__ \
             or hasattr(kind, "__getnewargs_ex__") or hasattr(kind, "__getnewargs__"):
         return None
     slots = {}
@@ -305,7 +306,7 @@ def stored_attributes(value: Any, kind: type) -> tuple[dict[str, Any], dict[str,
             slots[name] = object.__getattribute__(value, name)
         except AttributeError:
             continue  # an unset slot: pickle leaves it unset too
-    if kind.__getstate__ is not object.__getstate__:  # type: ignore[attr-defined]
+    if protocol.__getstate__ is not object.__getstate__:
         state = value.__getstate__()
         if type(state) is not dict or set(state) != {"__dict__", *slots} or state["__dict__"] != attributes \
                 or any(state[name] is not item and state[name] != item for name, item in slots.items()):
