@@ -160,7 +160,8 @@ def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int, extra: tuple[str, 
         pass
     shared = [f for f in SHARED_WRITABLE if os.path.isdir(f) and not os.path.islink(f)]
     roots = _outermost(_readable_roots(extra))
-    closed = {a for a in (_closed_ancestor(r) for r in roots) if a}
+    # (a closed folder inside /tmp needs no cover: /tmp itself becomes a fresh private tmpfs)
+    closed = {a for a in (_closed_ancestor(r) for r in roots) if a and not _under(a, "/tmp")}
     covered = ["/tmp", *shared, *sorted(closed)]
     kept = [(root, _detach_copy(root)) for root in roots if any(_under(root, c) for c in covered)]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
