@@ -44,6 +44,7 @@ from sandbox.forks import (
     detach_standard_streams,
     error,
     finish,
+    hide_paths,
     in_fork,
     reap,
     spawn_spare,
@@ -117,7 +118,7 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
     def run() -> dict[str, Any]:
         key = request.get("env") or "validate"
         try:
-            use_layers(list(request.get("layers") or []), limits.layers_root)
+            use_layers(list(layers), limits.layers_root)
             module, cls = compile_env(key, request["env_id"], request["class_name"], request["code"], timeout,
                                       limits.output_bytes)
         except Failure as exc:
@@ -132,7 +133,8 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
             return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
         return {"ok": True}
 
-    return in_fork(run, timeout, limits)
+    layers = tuple(os.path.realpath(str(layer)) for layer in request.get("layers") or [])
+    return in_fork(run, timeout, limits, readable=layers)
 
 
 class EnvHost:
@@ -319,11 +321,18 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
 
 def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
     def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the host
-        layers = [str(layer) for layer in spec.get("layers") or []]
-        # LANDLOCK CALL SITE (one place): once sandbox/landlock.py exists, confine this host's files
-        # here, hiding limits.layers_root and reading back only ``layers``, so other environments'
-        # layers are invisible too (today they are only left off sys.path).
+        layers = [os.path.realpath(str(layer)) for layer in spec.get("layers") or []]
+        # Offered first to the kernel's OOM killer: live sessions and calls inherit this, and a
+        # session's live instance is only a cache of its stored state. (Written now, because
+        # the ruleset below hides /proc.)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as adj:
+                adj.write("1000")
+        except OSError:
+            pass
         if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
+            # Other environments' layers are hidden (``limits.hidden``); this one's stays readable.
+            hide_paths(limits, tuple(layers))
             seccomp.confine_session()
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         try:

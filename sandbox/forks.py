@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn, Protocol
 
-from sandbox import contain, protocol, seccomp
+from sandbox import contain, landlock, protocol, seccomp
 
 # Error types shared with the service's API contract.
 UNKNOWN_TOOL = "unknown_tool"
@@ -48,9 +48,12 @@ class WorkerLimits:
     open_files: int = 64
     processes: int = 0
     output_bytes: int = 1 << 20
-    layers_root: str = ""  # where package layers lie; a host may use only layers under it
+    layers_root: str = ""  # where package layers lie; a host may use only layers under it (and
+    # ``hidden`` holds it, so each environment's processes read only their own layers)
     dedicated_uid: bool = False  # no process outside this worker shares its uid
     filtered: bool = False  # the zygote holds the seccomp filter: hosts and validations add the signal one
+    hide_paths: bool = False  # hosts and validations apply the Landlock ruleset (see ``landlock``)
+    hidden: tuple[str, ...] = ()  # folders hidden besides /proc, /sys and /dev
 
 
 class Failure(Exception):
@@ -106,9 +109,34 @@ def describe(exc: BaseException, filename_prefix: str = "<env") -> str:
     return text
 
 
+# /proc, opened before the Landlock ruleset hides it, where calls may start processes: counting
+# the uid's processes for a call's limits needs its listing. Environment code may list it too
+# (one more inherited descriptor), which shows no more than probing process ids with stat would;
+# the ruleset refuses opening anything in it, by any path.
+_process_table: int | None = None
+
+
+def hold_process_table() -> int:
+    global _process_table
+    if _process_table is None:
+        _process_table = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    return _process_table
+
+
+def hide_paths(limits: WorkerLimits, readable: tuple[str, ...] = ()) -> None:
+    """Apply the Landlock ruleset to this process (a host, or a validation), once."""
+    if limits.hide_paths:
+        if limits.processes and limits.dedicated_uid:  # (then calls count the uid's processes)
+            hold_process_table()
+        landlock.restrict(limits.hidden, readable)
+        limits.hide_paths = False  # applied: forks inherit it, and stacking it again would fail
+
+
 def close_inherited(keep: tuple[int, ...]) -> None:
     """Close every descriptor above stderr but ``keep``: environment code must not reach
     the worker's protocol pipes, through which it could read or answer other requests."""
+    if _process_table is not None:
+        keep = (*keep, _process_table)
     low = 3
     for fd in sorted(keep):
         os.closerange(low, fd)
@@ -117,8 +145,9 @@ def close_inherited(keep: tuple[int, ...]) -> None:
 
 
 def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLimits,
-            result_bytes: int = 64 << 20) -> dict[str, Any]:
-    """Run ``run`` in a fork and return its answer, or an error describing how it ended."""
+            result_bytes: int = 64 << 20, readable: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``run`` in a fork and return its answer, or an error describing how it ended.
+    ``readable``: folders under ``limits.hidden`` the fork may still read (its package layers)."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     try:
@@ -131,7 +160,7 @@ def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLim
         contain.die_with_parent()  # a fork must never outlive its parent
         if os.getppid() != parent:
             os._exit(1)
-        _child(run, write_fd, timeout, limits)
+        _child(run, write_fd, timeout, limits, readable=readable)
     os.close(write_fd)
     return _collect(pid, read_fd, timeout, result_bytes)
 
@@ -199,14 +228,12 @@ def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, a
     """Serve one session's requests in this process until the worker ends it or a request fails.
 
     The instance stays live between requests, so a call neither decodes the state nor forks.
-    Limits are those of a call fork; the CPU limit is renewed for each request, and the process
-    offers itself first to the kernel's OOM killer (a resident is only a cache of stored state).
+    Limits are those of a call fork; the CPU limit is renewed for each request. Like every
+    process of its host, it is offered first to the kernel's OOM killer (see ``envhost``).
     """
     try:
         os.setpgid(0, 0)
         detach_standard_streams()
-        with open("/proc/self/oom_score_adj", "w") as adj:
-            adj.write("1000")
     except OSError:
         pass
     while True:
@@ -337,11 +364,12 @@ def _set_call_limits(timeout: float, limits: WorkerLimits, renew: bool = False) 
 
 
 def _processes_of(uid: int) -> int:
+    table = hold_process_table()
     count = 0
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir(table):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if os.stat(entry, dir_fd=table).st_uid == uid:
                     count += 1
             except OSError:
                 continue
@@ -349,12 +377,13 @@ def _processes_of(uid: int) -> int:
 
 
 def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits,
-           restrict_signals: bool = True) -> NoReturn:
+           restrict_signals: bool = True, readable: tuple[str, ...] = ()) -> NoReturn:
     close_inherited(keep=(write_fd,))
     try:
         os.setpgid(0, 0)
         detach_standard_streams()
         if limits.filtered and restrict_signals:
+            hide_paths(limits, readable)
             seccomp.confine_session()
         _set_call_limits(timeout, limits)
     except BaseException as exc:

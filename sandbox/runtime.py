@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import channel, contain, envhost, protocol, seccomp
+from sandbox import channel, contain, envhost, landlock, protocol, seccomp
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
@@ -142,6 +142,7 @@ class Runtime:
         self.running: str | None = None  # the environment whose processes may run right now
         self.filter_syscalls = filter_syscalls
         self.filter_missing: str | None = "not started"  # why the zygote holds no seccomp filter
+        self.paths_missing: str | None = "not started"  # why hosts do not hide /proc, /sys and /dev
         self._set_limits()
         # Other processes of our uid (every fork runs environment code) must not read our memory,
         # which holds every session's requests, nor open our descriptors through /proc.
@@ -177,9 +178,12 @@ class Runtime:
                         raise OSError("confinement is off")
                     seccomp.confine()
                     self.limits.filtered = True
-                    channel.send(theirs, {"seccomp": None})
+                    started: dict[str, Any] = {"seccomp": None}
                 except OSError as exc:
-                    channel.send(theirs, {"seccomp": str(exc)})
+                    started = {"seccomp": str(exc)}
+                self.limits.hide_paths = self.limits.filtered and landlock.abi() >= 1
+                started["landlock"] = None if self.limits.hide_paths else "this kernel has no Landlock"
+                channel.send(theirs, started)
                 envhost.serve_zygote(theirs, self.limits)
             finally:
                 os._exit(0)
@@ -188,6 +192,7 @@ class Runtime:
         if hello is None:
             raise RuntimeError("the zygote did not start")
         self.filter_missing = hello.get("seccomp")
+        self.paths_missing = hello.get("landlock") if self.filter_missing is None else self.filter_missing
         return pid, mine
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         processes=args.processes,
         output_bytes=args.output_bytes,
         layers_root=os.path.realpath(args.layers_root) if args.layers_root else "",
+        # every environment's processes are kept out of the layers but their own (see ``landlock``)
+        hidden=(os.path.realpath(args.layers_root),) if args.layers_root else (),
         # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
         dedicated_uid="user" in report["applied"] and not args.container,
     )
@@ -106,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         report["applied"].append("syscalls")
     else:
         report["missing"]["syscalls"] = f"no seccomp filter on environment code ({runtime.filter_missing})"
+    if runtime.paths_missing is None:
+        report["applied"].append("paths")
+    else:
+        report["missing"]["paths"] = f"/proc, /sys and /dev stay open to environment code ({runtime.paths_missing})"
     protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
     while True:
         try:

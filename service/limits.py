@@ -63,7 +63,7 @@ class BodyLimit:
             return
 
         content_type = dict(scope["headers"]).get(b"content-type", b"")
-        if b"json" in content_type and (found := _non_finite(b"".join(m.get("body", b"") for m in buffered))):
+        if b"json" in content_type and (found := non_finite(b"".join(m.get("body", b"") for m in buffered))):
             where, word = found
             response = problem_response(
                 422, "invalid-request", "Invalid request", f"{where}: {word} is not a JSON number",
@@ -100,7 +100,7 @@ class _NonFinite:
         self.word = word
 
 
-def _non_finite(body: bytes) -> tuple[str, str] | None:
+def non_finite(body: bytes) -> tuple[str, str] | None:
     """The dotted field and the word of the first NaN or Infinity a JSON body holds, or None."""
     if b"NaN" not in body and b"Infinity" not in body:
         return None  # (the common case: a search at C speed)

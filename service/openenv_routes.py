@@ -39,6 +39,7 @@ from starlette.websockets import WebSocketDisconnect
 from service import idempotency, openenv_rpc
 from service.api import Run
 from service.auth import Principal
+from service.limits import non_finite
 from service.openenv import Episodes, checked_key, error_code, mcp_tools, problem
 from service.problems import InvalidRequest, LimitExceeded, ServiceError
 
@@ -147,10 +148,13 @@ async def openapi(request: Request, env_id: str, who: Principal = Run) -> dict[s
 
 @router.post("/mcp")
 async def mcp(request: Request, env_id: str, who: Principal = Run) -> dict[str, Any]:
+    body = await request.body()
     try:
-        message = json.loads(await request.body())
+        message = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return openenv_rpc.rpc_error(None, -32700, "parse error: the body is not JSON")
+    if found := non_finite(body):  # (a body not sent as JSON passes the middleware's check)
+        return openenv_rpc.rpc_error(None, -32700, f"parse error: {found[0]}: {found[1]} is not a JSON number")
     return await openenv_rpc.answer(_episodes(request, env_id, who), message)
 
 
@@ -215,16 +219,21 @@ def _error(exc: ServiceError) -> dict[str, Any]:
 
 
 def _parsed(text: str, max_bytes: int, max_values: int) -> Any:
-    """Raises LimitExceeded, InvalidRequest: the message is over a body bound, or not JSON."""
+    """Raises LimitExceeded, InvalidRequest: the message is over a body bound, not JSON, or holds
+    NaN or Infinity (which Python's parser would take, as REST bodies are checked for)."""
     if len(text.encode()) > max_bytes:
         raise LimitExceeded(f"message exceeds the {max_bytes} byte limit", limit="max_body_bytes", value=max_bytes)
     if text.count(",") >= max_values:
         raise LimitExceeded(f"message holds more than {max_values} JSON values", limit="max_body_values",
                             value=max_values)
     try:
-        return json.loads(text)
+        message = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"the message is not JSON: {exc}", field="type") from None
+    if found := non_finite(text.encode()):
+        where, word = found
+        raise InvalidRequest(f"{where}: {word} is not a JSON number (JSON has no NaN or Infinity)", field=where)
+    return message
 
 
 async def websocket_endpoint(websocket: WebSocket, env_id: str) -> None:

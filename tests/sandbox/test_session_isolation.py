@@ -4,7 +4,8 @@ another session's process or the machinery, although all of a worker's processes
 The attacks are the ones measured against live sessions (as root, process backend): resource
 limits, priorities and scheduling set on other processes, signals delivered through a file's
 owner, a session made dumpable to read another's memory, and the kernel interfaces that watch or
-reach past a process (personality, landlock, inotify, pseudo-terminals, I/O priorities). And a
+reach past a process (personality, landlock, inotify, pseudo-terminals, I/O priorities), and what
+/proc, /sys and /dev would show of other sessions. And a
 session's process ends with the session: when it is deleted, and when its environment is.
 """
 
@@ -20,6 +21,8 @@ from sandbox.pool import EnvCode, WorkerPool
 pytestmark = pytest.mark.anyio
 
 EPERM = 1
+EACCES = 13
+EINVAL = 22
 
 TENANT = '''
 import ctypes
@@ -32,9 +35,19 @@ libc = ctypes.CDLL(None, use_errno=True)
 AT_LOAD = {}
 
 
+def exists(pid):
+    """Whether a process id is taken: all /proc shows environment code (it cannot open anything there)."""
+    try:
+        os.stat(f"/proc/{pid}")
+        return True
+    except OSError:
+        return False
+
+
 def others():
+    """Every other process this one could name, found as an attacker would, by probing ids."""
     me = os.getpid()
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    return [pid for pid in range(1, 1 << 16) if pid != me and exists(pid)]
 
 
 def outcomes(action):
@@ -76,12 +89,37 @@ class Tenant:
         return os.getpid()
 
     def state_of(self, pid: int) -> str:
-        """The process's state letter (Z: ended, awaiting its parent), or 'gone'."""
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return "gone"
+        return "running" if exists(pid) else "gone"
+
+    def look_around(self, pid: int) -> dict:
+        """What /proc, /sys and /dev show of ``pid`` and of the worker: an errno or 'read' each."""
+        def opened(path, listing=False):
+            try:
+                if listing:
+                    os.listdir(path)
+                else:
+                    with open(path, "rb") as source:
+                        source.read(64)
+                return "read"
+            except OSError as exc:
+                return exc.errno
+
+        seen = {name: opened(f"/proc/{pid}/{name}") for name in ("status", "stat", "statm", "cmdline", "environ")}
+        seen.update({
+            "own_status": opened("/proc/self/status"),
+            "proc_listing": opened("/proc", listing=True),
+            "tasks": opened(f"/proc/{pid}/task", listing=True),
+            "worker": opened("/proc/1/status"),
+            "meminfo": opened("/proc/meminfo"),
+            "cgroups": opened("/sys/fs/cgroup", listing=True),
+            "terminals": opened("/dev/pts", listing=True),
+            "ptmx": opened("/dev/ptmx"),
+            "devices": opened("/dev", listing=True),
+            "null": opened("/dev/null"),
+            "urandom": opened("/dev/urandom"),
+            "python": opened(os.__file__),
+        })
+        return seen
 
     def at_load(self) -> dict:
         return AT_LOAD
@@ -266,16 +304,34 @@ async def test_kernel_interfaces_that_reach_past_a_session_are_refused(pool_fact
     async with _setting(pool_factory) as pool:
         attacker = await Live.start(pool, ATTACKER, "attacker")
         surface = await attacker.call("kernel_surface")
-        # A container has a pseudo-terminal instance of its own (the engine mounts it); a worker on
-        # the process backend would share the host's, so it has none.
+        # Not even the pseudo-terminal instance of a container's own (the engine mounts one): the
+        # ruleset hides it there; on the process backend /dev/ptmx is /dev/null.
         pty = surface.pop("pty")
-        assert pty[0] == -1 or pool.backend.name == "docker", pty
+        assert pty == ([-1, EACCES] if pool.backend.name == "docker" else [-1, EINVAL]), pty
         refused = {name: result for name, result in surface.items() if name != "personality_query"}
         assert all(result[0] == -1 for result in refused.values()), surface
         assert {name: result[1] for name, result in refused.items()} == {
             "personality": EPERM, "landlock": EPERM, "inotify": EPERM, "fanotify": EPERM, "pdeathsig": EPERM,
             "ptracer": EPERM, "kcmp": EPERM}, surface
         assert surface["personality_query"][0] >= 0  # asking for it still works
+
+
+async def test_proc_sys_and_dev_show_nothing_of_other_sessions(pool_factory: Any) -> None:
+    """Another tenant's live session (its status, context switches, memory) is not seen in /proc,
+    nor the worker, nor the cgroup's figures in /sys, nor terminals; a session does see that a
+    process id is taken (stat answers), and opens the files any program needs."""
+    async with _setting(pool_factory) as pool:
+        victim, pid = await _victim(pool)
+        for env, session in ((VICTIM, "neighbour"), (ATTACKER, "attacker")):
+            observer = await Live.start(pool, env, session)
+            seen = await observer.call("look_around", pid=pid)
+            opened = {name: seen.pop(name) for name in ("null", "urandom", "python")}
+            assert opened == {"null": "read", "urandom": "read", "python": "read"}, opened
+            # (on the process backend /dev/ptmx is /dev/null, so it opens)
+            assert seen.pop("ptmx") == (EACCES if pool.backend.name == "docker" else "read")
+            assert seen == dict.fromkeys(seen, EACCES), seen
+            assert await observer.call("state_of", pid=pid) == "running"
+        await _unharmed(pool, victim, pid)
 
 
 async def _ended(observer: Live, pid: int) -> bool:

@@ -165,6 +165,13 @@ def test_bad_messages_get_openenv_error_codes_and_change_nothing(server: Server)
         # a message is bounded as a REST body is, before it is parsed
         flood = exchange(ws, {"type": "reset", "data": {"seed": 0, "pad": [1] * 200_001}})
         assert flood["data"]["problem"]["limit"] == "max_body_values"
+        # NaN and Infinity are not JSON, here as in REST bodies: refused naming the field, nothing applied
+        ws.send('{"type": "step", "data": {"type": "call_tool", "tool_name": "return_book", '
+                '"arguments": {"loan_id": NaN}}}')
+        nan = json.loads(ws.recv(timeout=60))
+        assert nan["data"]["code"] == "VALIDATION_ERROR", nan
+        assert nan["data"]["problem"]["field"] == "data.arguments.loan_id", nan
+        assert httpx.get(f"{server.url}/v1/sessions/{episode}").json()["steps"] == 3
     assert '"method": "WS"' in server.log.read_text()  # the access log has a line per message
     with connect(ws_url(server, "no_such_env")) as ws:
         refused = json.loads(ws.recv(timeout=30))
@@ -176,6 +183,9 @@ def test_bad_messages_get_openenv_error_codes_and_change_nothing(server: Server)
         assert http.get("/state", params={"episode_id": "ses_nope"}).status_code == 404
         rpc = http.post("/mcp", content=b"{not json").json()
         assert rpc["error"]["code"] == -32700
+        rpc = http.post("/mcp", content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": -Infinity}}',
+                        headers={"content-type": "text/plain"}).json()
+        assert rpc["error"]["code"] == -32700 and "params.x" in rpc["error"]["message"], rpc
 
 
 @pytest.fixture(scope="module")
