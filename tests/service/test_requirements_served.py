@@ -4,6 +4,7 @@ the layer reaches only the environment that declared it, refused imports and req
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from service.layers import Layers
+from service.requirements import AllowList
 from tests.conftest import Server, start_server
 from tests.wheels import make_wheel
 
@@ -38,6 +41,7 @@ class Demo:
 
 PLAIN_ENV = '''
 import importlib
+import sys
 
 
 class Plain:
@@ -50,6 +54,25 @@ class Plain:
         """Import efdemo at call time."""
         self.tries += 1
         return importlib.import_module("efdemo").VALUE
+
+    def peek(self, site: str) -> str:
+        """Read the other environment's layer by its path, and import from it.
+
+        Args:
+            site: The layer's folder.
+        """
+        outcomes = []
+        try:
+            with open(site + "/efdemo/__init__.py") as source:
+                outcomes.append(source.read())
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+        sys.path.insert(0, site)
+        try:
+            outcomes.append(importlib.import_module("efdemo").VALUE)
+        except ImportError as exc:
+            outcomes.append(type(exc).__name__)
+        return " ".join(outcomes)
 '''
 
 
@@ -112,6 +135,9 @@ def test_a_declared_package_is_served_to_its_environment_only(tmp_path: Path, ba
             step = _call(http, other, "sneak")
             assert not step["ok"]
             assert "No module named 'efdemo'" in step["error"]["message"]
+            # Nor can it reach the layer by its path: the files are hidden from its processes.
+            site = next(p for p in (tmp_path / "layers").iterdir() if p.name not in ("requests", "locks")) / "site"
+            assert _call(http, other, "peek", {"site": str(site)})["result"] == "PermissionError ModuleNotFoundError"
             assert _call(http, sid, "read")["result"] == "from the layer"  # and the first still has it
     finally:
         server.stop()
@@ -229,8 +255,12 @@ def test_pydantic_models_as_state_round_trip_through_calls_forks_and_the_store(
     catalog = tmp_path / "catalog"
     _package(catalog, "airline", "Airline", TAU_STYLE_ENV, [PYDANTIC])
     seed = {"reservations": {"R1": {"reservation_id": "R1", "passengers": [{"name": "Ada"}]}}, "note": "x"}
+    allowed = "pydantic>=2.7,<3"
+    # Built ahead by another process, as a second service on the machine would (the server finds it;
+    # building five distributions at start-up could outlast the test's readiness wait on a busy machine).
+    asyncio.run(Layers(tmp_path / "layers", wheelhouse=pydantic_wheels).ensure(AllowList([allowed]).pins([PYDANTIC])))
     # No live sessions: every call rebuilds the instance from the stored (encoded) state.
-    server = _serve(tmp_path, backend, "pydantic>=2.7,<3", pydantic_wheels, (catalog,), ENVFOUNDRY_RESIDENTS="0")
+    server = _serve(tmp_path, backend, allowed, pydantic_wheels, (catalog,), ENVFOUNDRY_RESIDENTS="0")
     try:
         with server.client() as http:
             sid = http.post("/v1/sessions", json={"env_id": "airline", "init_config": {"seed": seed}}).json()[
