@@ -69,6 +69,15 @@ async def test_a_set_is_built_once_read_only_and_found_again_after_a_restart(tmp
     assert other.key != first.key and restarted.builds == 1
 
 
+async def test_two_services_on_one_machine_build_a_set_once(tmp_path: Path, wheelhouse: Path) -> None:
+    root = tmp_path / "layers"
+    pins = AllowList(["efdemo"]).pins(["efdemo==2.0"])
+    one, two = Layers(root, wheelhouse=wheelhouse), Layers(root, wheelhouse=wheelhouse)  # no shared task
+    first, second = await asyncio.gather(one.ensure(pins), two.ensure(pins))
+    assert first == second and one.builds + two.builds == 1  # the file lock made the other wait, then find it
+    assert len([p for p in root.iterdir() if p.name not in ("requests", "locks")]) == 1
+
+
 async def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, wheelhouse: Path) -> None:
     root = tmp_path / "layers"
     layers = Layers(root, wheelhouse=wheelhouse)
