@@ -100,10 +100,15 @@ class Layers:
         if task is None:
             task = asyncio.ensure_future(asyncio.to_thread(self._find_or_build, request, pins))
             self._pending[request] = task
-            task.add_done_callback(lambda _: self._pending.pop(request, None))
+            task.add_done_callback(lambda done: self._settled(request, done))
         layer = await asyncio.shield(task)  # a cancelled registration leaves the build to finish
         self._known[request] = layer
         return layer
+
+    def _settled(self, request: str, task: asyncio.Task[Layer]) -> None:
+        self._pending.pop(request, None)
+        if not task.cancelled():
+            task.exception()  # seen here: a build whose every waiter was cancelled fails quietly
 
     # -- in a thread: files and pip ---------------------------------------------------------
     def _find_or_build(self, request: str, pins: list[Pin]) -> Layer:
