@@ -117,7 +117,7 @@ async def list_environments(who: Principal = Run, reg: Registry = Depends(regist
 def _env_detail(env: Any) -> schemas.EnvironmentDetail:
     return schemas.EnvironmentDetail(env_id=env.env_id, class_name=env.class_name, summary=env.summary,
                                      introduction=env.introduction, rules=env.rules, tools=env.tools,
-                                     source=env.code, provenance=env.provenance)
+                                     source=env.code, provenance=env.provenance, requirements=env.requirements)
 
 
 @router.get("/v1/environments/{env_id}", response_model=schemas.EnvironmentDetail, tags=["environments"])
@@ -133,7 +133,7 @@ async def create_environment(body: schemas.EnvironmentCreate, request: Request, 
         # Static analysis of up to 1 MiB of code, in a bounded child process.
         env = await request.app.state.analysis.environment(
             env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
-            introduction=body.introduction, rules=body.rules, tenant=who.tenant)
+            introduction=body.introduction, rules=body.rules, tenant=who.tenant, requirements=body.requirements)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
     return _env_detail(await reg.add_environment(env, who.tenant))

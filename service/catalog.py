@@ -3,11 +3,13 @@
 A package is a folder per environment::
 
     <env_id>/env.py           the class source (never imported by the API process)
-    <env_id>/env.json         {env_id, class_name, summary, introduction, rules, tools?}
+    <env_id>/env.json         {env_id, class_name, summary, introduction, rules, tools?, requirements?}
     <env_id>/scenarios.jsonl  one scenario per line
 
 ``tools`` in ``env.json`` is optional: a mapping of tool name to fields
 (``description``, ``parameters``) that replace what static analysis extracted.
+``requirements`` is optional too: the packages the code imports beyond the standard library
+(see ``service.requirements``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import json
 import re
 import secrets
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,11 +201,17 @@ class Environment:
     # id is added over the API, so a session made from a deleted registration stays dead when the
     # id is added again.
     registration: str = ""
+    requirements: list[str] = field(default_factory=list)  # packages it declares (PEP 508)
+    imports: list[str] = field(default_factory=list)  # what the code imports beyond the standard library
+    layers: tuple[str, ...] = ()  # where its requirements are installed, once they are (``service.layers``)
 
     @property
     def code_hash(self) -> str:
-        """Identifies the class code: workers cache compiled classes under it."""
-        return hashlib.sha256(f"{self.class_name}\0{self.code}".encode()).hexdigest()
+        """Identifies the class code and what it requires: workers cache compiled classes under it."""
+        text = f"{self.class_name}\0{self.code}"
+        if self.requirements:  # (an environment without requirements keeps the hash it always had)
+            text += "\0" + "\0".join(self.requirements)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def tool_names(self) -> set[str]:
@@ -226,6 +235,8 @@ class Environment:
             data["tools"] = self.tool_overrides
         if self.provenance:
             data["provenance"] = self.provenance
+        if self.requirements:
+            data["requirements"] = list(self.requirements)
         return data
 
 
@@ -249,6 +260,7 @@ def build_environment(
     introduction: str = "",
     rules: list[str] | None = None,
     tool_overrides: dict[str, dict[str, Any]] | None = None,
+    requirements: list[str] | None = None,
 ) -> Environment:
     """Parse the class statically and extract its tools. Nothing is executed here.
 
@@ -274,7 +286,27 @@ def build_environment(
         rules=list(rules or []),
         tool_overrides=overrides,
         tools=tools,
+        requirements=list(requirements or []),
+        imports=third_party_imports(code),
     )
+
+
+def third_party_imports(code: str) -> list[str]:
+    """Top-level modules the code imports that are not in the standard library, sorted.
+
+    Only absolute imports written as statements are seen; an import by computed name still finds
+    nothing but the standard library and the environment's own layer in the sandbox."""
+    names: set[str] = set()
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []  # extract_tools has reported why already
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return sorted(n for n in names if n not in sys.stdlib_module_names and n != "__future__")
 
 
 def parse_check(source: str, *, field_name: str = "check") -> None:
@@ -402,6 +434,7 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
             introduction=manifest.get("introduction", ""),
             rules=manifest.get("rules", []),
             tool_overrides=manifest.get("tools"),
+            requirements=_requirements(manifest.get("requirements"), manifest_path),
         )
     except CatalogError as exc:
         exc.path = str(code_path)
@@ -432,6 +465,14 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
                 continue
             scenarios.append(scenario)
     return env, scenarios, problems
+
+
+def _requirements(value: Any, where: Path) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise CatalogError(f"{where}: requirements must be a list of strings", field="requirements", path=str(where))
+    return list(value)
 
 
 def write_package(env: Environment, scenarios: list[Scenario], out: Path) -> Path:

@@ -31,6 +31,7 @@ from service.problems import (
     QuotaExceeded,
     Unavailable,
 )
+from service.requirements import SETTING, AllowList, Packages
 from service.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
 from service.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 
@@ -38,13 +39,26 @@ PARSED_CACHE = 512
 
 
 def env_code(env: Environment) -> EnvCode:
-    return EnvCode(key=env.code_hash, env_id=env.env_id, class_name=env.class_name, code=env.code)
+    """What a worker runs; environments with the same code but other layers get hosts of their own."""
+    key = env.code_hash
+    if env.layers:
+        key = hashlib.sha256("\0".join((key, *env.layers)).encode()).hexdigest()
+    return EnvCode(key=key, env_id=env.env_id, class_name=env.class_name, code=env.code, layers=env.layers)
+
+
+def invalid_packages(exc: CatalogError) -> InvalidEnvironment:
+    """An environment's requirements or imports refused: 422 naming the field, and the setting."""
+    extra = {"setting": SETTING} if exc.reason in ("requirement_not_allowed", "undeclared_import") else {}
+    return InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field=exc.field or "requirements",
+                              **extra)
 
 
 class Registry:
     def __init__(self, catalog: Catalog, store: SessionStore, pool: WorkerPool, *,
-                 max_environments: int = 100, max_scenarios: int = 10_000, max_tenant_bytes: int = 1 << 30) -> None:
+                 max_environments: int = 100, max_scenarios: int = 10_000, max_tenant_bytes: int = 1 << 30,
+                 packages: Packages | None = None) -> None:
         self.catalog = catalog
+        self.packages = packages or Packages(AllowList([]), None)
         self.store = store
         self.pool = pool
         self.max_environments = max_environments
@@ -62,7 +76,13 @@ class Registry:
         record = await self.store.get_record("environments", env_id, tenant=tenant)
         if record is None:
             raise NotFound(f"environment '{env_id}' not found")
-        return self._environment_from(record)
+        env = self._environment_from(record)
+        if env.requirements:  # (the layer is found in memory after the first use on this replica)
+            try:
+                env = await self.packages.attach(env)
+            except CatalogError as exc:
+                raise invalid_packages(exc) from exc
+        return env
 
     async def scenario(self, scenario_id: str, tenant: str = "") -> Scenario:
         """Raises NotFound."""
@@ -137,6 +157,10 @@ class Registry:
         # The record is a little larger than the code: a tenant at its quota spends no sandbox time.
         await self._check_room(stored_bytes(env.code), tenant)
         try:
+            env = await self.packages.attach(env)  # before the sandbox: a refused import never loads
+        except CatalogError as exc:
+            raise invalid_packages(exc) from exc
+        try:
             failure = await self.pool.validate(env_code(env))
         except RequestFailed as exc:
             failure = {"kind": exc.kind, "message": exc.message}
@@ -147,7 +171,7 @@ class Registry:
         # The analysed tools travel with the record: replicas never parse the code again.
         env = replace(env, registration=secrets.token_hex(8))
         record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools,
-                             "registration": env.registration})
+                             "analysed_imports": env.imports, "registration": env.registration})
         previous = await self._put("environments", env.env_id, record, tenant, self.max_environments)
         if previous is not None:
             winner = self._environment_from(previous)
@@ -249,7 +273,8 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
     if "analysed_tools" not in data:  # written before records carried their analysis
         built = build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
                                   summary=data.get("summary", ""), introduction=data.get("introduction", ""),
-                                  rules=data.get("rules", []), tool_overrides=data.get("tools"))
+                                  rules=data.get("rules", []), tool_overrides=data.get("tools"),
+                                  requirements=data.get("requirements"))
         return replace(built, registration=data.get("registration", ""))
     return Environment(
         env_id=data["env_id"],
@@ -262,4 +287,6 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         tools=data["analysed_tools"],
         provenance=data.get("provenance"),
         registration=data.get("registration", ""),  # records written before registrations had none
+        requirements=list(data.get("requirements") or []),
+        imports=list(data.get("analysed_imports") or []),
     )

@@ -44,6 +44,8 @@ class EnvironmentDetail(BaseModel):
     provenance: dict[str, Any] | None = Field(
         default=None, description="What synthesis recorded about the environment (its assessment), if it made it."
     )
+    requirements: list[str] = Field(default_factory=list, description="Packages it declares (see "
+                                    "EnvironmentCreate.requirements).")
 
 
 # Bounds on what clients submit; each is named in the 422 that enforces it.
@@ -60,6 +62,11 @@ class EnvironmentCreate(Strict):
     summary: str = Field(default="", max_length=MAX_TEXT)
     introduction: str = Field(default="", max_length=MAX_TEXT)
     rules: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=MAX_RULES)
+    requirements: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=32, description="Packages the code imports beyond the standard library "
+        "(PEP 508: 'mpmath==1.3.0', 'pydantic>=2.7,<3'); each must be allowed by the service "
+        "(ENVFOUNDRY_ALLOWED_REQUIREMENTS), which installs them once into a read-only layer only this "
+        "environment's sandbox processes see.")
 
 
 # -- scenarios --------------------------------------------------------------------------------

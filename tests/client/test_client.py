@@ -128,6 +128,13 @@ def test_problems_become_typed_exceptions_with_fields(ef: Client) -> None:
     assert invalid.value.status == 422 and invalid.value.errors and invalid.value.field == invalid.value.errors[0]["field"]
     with pytest.raises(InvalidEnvironment):
         ef.create_environment("client-broken", "Broken", "class Broken(:\n")
+    # A requirement this server does not allow (it allows none): the problem names it and the setting.
+    with pytest.raises(InvalidEnvironment) as refused:
+        ef.create_environment("client-needs", "Needs", "import mpmath\nclass Needs:\n    pass\n",
+                              requirements=["mpmath==1.3.0"])
+    assert refused.value.extra["reason"] == "requirement_not_allowed"
+    assert refused.value.extra["setting"] == "ENVFOUNDRY_ALLOWED_REQUIREMENTS" and "mpmath==1.3.0" in refused.value.detail
+    assert refused.value.field == "requirements[0]"
 
 
 def test_adds_environments_and_scenarios(ef: Client) -> None:

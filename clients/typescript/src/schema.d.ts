@@ -390,6 +390,11 @@ export interface components {
              * @default
              */
             introduction?: string;
+            /**
+             * Requirements
+             * @description Packages the code imports beyond the standard library (PEP 508: 'mpmath==1.3.0', 'pydantic>=2.7,<3'); each must be allowed by the service (ENVFOUNDRY_ALLOWED_REQUIREMENTS), which installs them once into a read-only layer only this environment's sandbox processes see.
+             */
+            requirements?: string[];
             /** Rules */
             rules?: string[];
             /**
@@ -413,6 +418,11 @@ export interface components {
             provenance?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Requirements
+             * @description Packages it declares (see EnvironmentCreate.requirements).
+             */
+            requirements?: string[];
             /** Rules */
             rules: string[];
             /**

@@ -88,13 +88,20 @@ def get_environment(env_id: str) -> Operation[Environment]:
 
 
 def create_environment(env_id: str, class_name: str, code: str, *, summary: str = "", introduction: str = "",
-                       rules: list[str] | None = None) -> Operation[Environment]:
+                       rules: list[str] | None = None, requirements: list[str] | None = None) -> Operation[Environment]:
     """Add an environment from its class source; the service validates it in the sandbox.
 
-    Raises ``InvalidEnvironment`` (the code fails to load) or ``Conflict`` (the id holds other code).
+    ``requirements``: packages the code imports beyond the standard library (PEP 508, e.g.
+    ``"mpmath==1.3.0"``), each allowed by the service's operator.
+
+    Raises ``InvalidEnvironment`` (the code fails to load; an import it does not declare; a
+    requirement not allowed or not installable: ``reason`` says which) or ``Conflict`` (the id
+    holds other code).
     """
-    body = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
-            "introduction": introduction, "rules": list(rules or [])}
+    body: dict[str, object] = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
+                               "introduction": introduction, "rules": list(rules or [])}
+    if requirements:
+        body["requirements"] = list(requirements)
     return Operation("POST", "/v1/environments", Environment.from_json, body, status=201)
 
 

@@ -50,12 +50,13 @@ class Environment:
     tools: list[JSON] = field(repr=False)
     source: str = field(default="", repr=False)
     provenance: JSON | None = field(default=None, repr=False)
+    requirements: list[str] = field(default_factory=list)  # packages it declares beyond the standard library
 
     @classmethod
     def from_json(cls, body: JSON) -> Environment:
         return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), str(body["introduction"]),
                    [str(r) for r in body["rules"]], list(body["tools"]), str(body.get("source", "")),
-                   body.get("provenance"))
+                   body.get("provenance"), [str(r) for r in body.get("requirements") or []])
 
 
 @dataclass(frozen=True)
