@@ -2,8 +2,10 @@
 
 Encoded state is JSON in which values JSON cannot hold are tagged objects
 ``{"$ef": kind, "v": ...}``. Instances of classes from the environment's own
-code are stored as their class name plus their encoded ``__dict__``; anything
-else that is not JSON falls back to pickle, which only sandbox code decodes.
+code are stored as their class name plus their encoded ``__dict__`` and, for a
+class that also has ``__slots__`` (a pydantic v2 model keeps its fields-set, extra
+and private values in slots), the slots that are set (see ``stored_attributes``);
+anything else that is not JSON falls back to pickle, which only sandbox code decodes.
 
 Object graphs round-trip exactly, as with ``deepcopy`` or pickle: an object
 reached more than once (a list, dict, set, tuple, instance or pickled value
@@ -169,8 +171,10 @@ class Encoder:
             out = _tagged("tuple", self._items(value, None))
         elif kind is set or kind is frozenset:
             out = _tagged(kind.__name__, self._members(list(value)))
-        elif self._is_env_class(kind) and hasattr(value, "__dict__") and not hasattr(kind, "__slots__"):
-            out = _tagged("object", self._dict(vars(value)), cls=kind.__qualname__)
+        elif self._is_env_class(kind) and (stored := stored_attributes(value, kind)) is not None:
+            out = _tagged("object", self._dict(stored[0]), cls=kind.__qualname__)
+            if stored[1]:
+                out["slots"] = self._dict(stored[1])
         else:
             out = self._pickled(value, kind)
         self.depth -= 1
@@ -264,6 +268,50 @@ def encode(value: Any, env_module: str | None = None) -> Any:
     if not first.repeated:
         return encoded
     return Encoder(env_module, frozenset(first.repeated)).encode(value)
+
+
+def slot_names(kind: type) -> tuple[str, ...]:
+    """Every slot an instance of ``kind`` may hold a value in, base classes' first."""
+    names: list[str] = []
+    for base in reversed(kind.__mro__):
+        declared = base.__dict__.get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def stored_attributes(value: Any, kind: type) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The ``__dict__`` and set slots an instance is stored as, or None when it must be pickled.
+
+    It is what pickle's default protocol would carry (``copyreg.__newobj__`` with no arguments,
+    then the ``(__dict__, slots)`` state), so an instance rebuilt from it by ``cls.__new__(cls)``
+    and plain assignment is the instance pickled and unpickled. A class that changes that protocol
+    (its own ``__reduce__``, constructor arguments, or a ``__getstate__`` returning anything but
+    its attributes and slots) is pickled instead. A pydantic v2 model's ``__getstate__`` returns exactly
+    those, so its models are stored as objects.
+    """
+    attributes = getattr(value, "__dict__", None)
+    if type(attributes) is not dict:
+        return None
+    if not hasattr(kind, "__slots__"):
+        return attributes, {}  # (written so before slots were carried; kept exactly)
+    protocol: Any = kind  # (class attributes compared with object's own, which mypy reads as methods)
+    if protocol.__reduce_ex__ is not object.__reduce_ex__ or protocol.__reduce__ is not object.__reduce__ \
+            or hasattr(kind, "__getnewargs_ex__") or hasattr(kind, "__getnewargs__"):
+        return None
+    slots = {}
+    for name in slot_names(kind):
+        try:
+            slots[name] = object.__getattribute__(value, name)
+        except AttributeError:
+            continue  # an unset slot: pickle leaves it unset too
+    if protocol.__getstate__ is not object.__getstate__:
+        state = value.__getstate__()
+        if type(state) is not dict or set(state) != {"__dict__", *slots} or state["__dict__"] != attributes \
+                or any(state[name] is not item and state[name] != item for name, item in slots.items()):
+            return None
+    return attributes, slots
 
 
 class Decoder:
@@ -364,6 +412,8 @@ class Decoder:
         if number is not None:
             self.objects[number] = obj
         obj.__dict__.update(self.decode(value["v"]))
+        for name, item in self.decode(value.get("slots") or {}).items():
+            object.__setattr__(obj, name, item)  # past a validating __setattr__, as the slot was set
         return obj
 
     def _class(self, value: dict[str, Any]) -> Any:

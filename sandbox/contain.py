@@ -137,14 +137,15 @@ def _closed_ancestor(path: str) -> str | None:
     return None
 
 
-def _readable_roots() -> list[str]:
-    """Folders the worker must still read after dropping privileges."""
+def _readable_roots(extra: tuple[str, ...] = ()) -> list[str]:
+    """Folders the worker must still read after dropping privileges (``extra``: the package layers)."""
     roots = {os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     roots.add(os.path.realpath(sys.base_prefix))
+    roots.update(r for r in extra if os.path.isdir(r))
     return sorted(os.path.realpath(r) for r in roots)
 
 
-def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> list[str]:
+def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int, extra: tuple[str, ...] = ()) -> list[str]:
     """Cover /tmp with a private tmpfs, the other world-writable folders and closed home folders
     (e.g. /root and its secrets) with empty read-only ones, then put back, read-only, the folders
     Python and this runtime are read from, wherever they lie (a checkout in /tmp included).
@@ -158,8 +159,9 @@ def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int) -> list[str]:
     except OSError:
         pass
     shared = [f for f in SHARED_WRITABLE if os.path.isdir(f) and not os.path.islink(f)]
-    roots = _outermost(_readable_roots())
-    closed = {a for a in (_closed_ancestor(r) for r in roots) if a}
+    roots = _outermost(_readable_roots(extra))
+    # (a closed folder inside /tmp needs no cover: /tmp itself becomes a fresh private tmpfs)
+    closed = {a for a in (_closed_ancestor(r) for r in roots) if a and not _under(a, "/tmp")}
     covered = ["/tmp", *shared, *sorted(closed)]
     kept = [(root, _detach_copy(root)) for root in roots if any(_under(root, c) for c in covered)]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
@@ -300,8 +302,9 @@ def _container_memory_limit() -> int | None:
 
 
 def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
-          cgroup_missing: str = "no memory cgroup") -> dict[str, Any]:
-    """Confine this process; return which primitives hold and why any is missing."""
+          cgroup_missing: str = "no memory cgroup", readable: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Confine this process; return which primitives hold and why any is missing. ``readable``:
+    folders besides Python and this runtime that stay readable (the package layers' root)."""
     applied: list[str] = []
     missing: dict[str, str] = {}
     kept: list[str] = []
@@ -327,7 +330,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
         except OSError as exc:
             missing["processes"] = f"cannot create a PID namespace: host processes stay visible ({exc})"
         try:
-            kept = _isolate_filesystem(uid, gid, tmp_size_mb)
+            kept = _isolate_filesystem(uid, gid, tmp_size_mb, readable)
             applied.append("filesystem")
         except OSError as exc:
             missing["filesystem"] = f"cannot build a private mount namespace ({exc})"

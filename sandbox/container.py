@@ -153,7 +153,11 @@ class DockerBackend:
                 self.image,
                 command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),
                          "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes),
-                         "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle)],
+                         "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle),
+                         *(("--layers-root", limits.layers_root) if limits.layers_root else ())],
+                # Package layers, read-only at the path the service built them at (the layer paths a
+                # host is sent are the service's).
+                volumes={limits.layers_root: {"bind": limits.layers_root, "mode": "ro"}} if limits.layers_root else {},
                 name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
                 labels=self._labels(),
                 stdin_open=True,

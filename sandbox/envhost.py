@@ -88,6 +88,25 @@ def compile_env(key: str, env_id: str, class_name: str, code: str, timeout: floa
     return module, cls
 
 
+def use_layers(layers: list[str], root: str) -> None:
+    """Put an environment's package layers first on ``sys.path``, before its module code runs.
+
+    Only this environment's host (and its forks) gets them: other environments' hosts are forks
+    of the same zygote, which never imports from a layer.
+
+    Raises:
+        Failure: kind ``import_error``, a layer outside the worker's layers root or missing.
+    """
+    for layer in reversed(layers):
+        real = os.path.realpath(layer)
+        if not root or not real.startswith(root.rstrip("/") + "/"):
+            raise Failure("import_error", f"package layer {layer} is outside this worker's layers root "
+                                          f"({root or 'none configured'})")
+        if not os.path.isdir(real):
+            raise Failure("import_error", f"package layer {layer} is not visible in this sandbox worker")
+        sys.path.insert(0, real)
+
+
 def _raise_deadline(signum: int, frame: Any) -> None:
     raise Deadline()
 
@@ -99,6 +118,7 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
     def run() -> dict[str, Any]:
         key = request.get("env") or "validate"
         try:
+            use_layers(list(layers), limits.layers_root)
             module, cls = compile_env(key, request["env_id"], request["class_name"], request["code"], timeout,
                                       limits.output_bytes)
         except Failure as exc:
@@ -113,7 +133,8 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
             return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
         return {"ok": True}
 
-    return in_fork(run, timeout, limits)
+    layers = tuple(os.path.realpath(str(layer)) for layer in request.get("layers") or [])
+    return in_fork(run, timeout, limits, readable=layers)
 
 
 class EnvHost:
@@ -275,7 +296,7 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
     environment code (public, through the API), so nothing it passes on holds session data.
 
     Messages from the worker:
-    - ``{"op": "host", env, env_id, class_name, code, timeout}`` -> ``{"pid"}`` plus the worker's
+    - ``{"op": "host", env, env_id, class_name, code, layers, timeout}`` -> ``{"pid"}`` plus the worker's
       end of a socket to the new host, whose first frame tells how loading went
     - ``{"op": "stop", "pid"}`` -> ``{"ok"}`` once that host and everything it started are gone
     - ``{"op": "validate", ...}`` -> the validation's answer
@@ -300,6 +321,7 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
 
 def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
     def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the host
+        layers = [os.path.realpath(str(layer)) for layer in spec.get("layers") or []]
         # Offered first to the kernel's OOM killer: live sessions and calls inherit this, and a
         # session's live instance is only a cache of its stored state. (Written now, because
         # the ruleset below hides /proc.)
@@ -309,10 +331,12 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
         except OSError:
             pass
         if limits.filtered:  # before module code runs: it, its threads and its calls inherit this
-            hide_paths(limits, tuple(spec.get("layers", ())))
+            # Other environments' layers are hidden (``limits.hidden``); this one's stays readable.
+            hide_paths(limits, tuple(layers))
             seccomp.confine_session()
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         try:
+            use_layers(layers, limits.layers_root)
             module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],
                                       float(spec.get("timeout", DEFAULT_TIMEOUT)), limits.output_bytes)
         except Failure as exc:

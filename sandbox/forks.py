@@ -48,6 +48,8 @@ class WorkerLimits:
     open_files: int = 64
     processes: int = 0
     output_bytes: int = 1 << 20
+    layers_root: str = ""  # where package layers lie; a host may use only layers under it (and
+    # ``hidden`` holds it, so each environment's processes read only their own layers)
     dedicated_uid: bool = False  # no process outside this worker shares its uid
     filtered: bool = False  # the zygote holds the seccomp filter: hosts and validations add the signal one
     hide_paths: bool = False  # hosts and validations apply the Landlock ruleset (see ``landlock``)
@@ -143,8 +145,9 @@ def close_inherited(keep: tuple[int, ...]) -> None:
 
 
 def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLimits,
-            result_bytes: int = 64 << 20) -> dict[str, Any]:
-    """Run ``run`` in a fork and return its answer, or an error describing how it ended."""
+            result_bytes: int = 64 << 20, readable: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``run`` in a fork and return its answer, or an error describing how it ended.
+    ``readable``: folders under ``limits.hidden`` the fork may still read (its package layers)."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     try:
@@ -157,7 +160,7 @@ def in_fork(run: Callable[[], dict[str, Any]], timeout: float, limits: WorkerLim
         contain.die_with_parent()  # a fork must never outlive its parent
         if os.getppid() != parent:
             os._exit(1)
-        _child(run, write_fd, timeout, limits)
+        _child(run, write_fd, timeout, limits, readable=readable)
     os.close(write_fd)
     return _collect(pid, read_fd, timeout, result_bytes)
 
@@ -374,13 +377,13 @@ def _processes_of(uid: int) -> int:
 
 
 def _child(run: Callable[[], dict[str, Any]], write_fd: int, timeout: float, limits: WorkerLimits,
-           restrict_signals: bool = True) -> NoReturn:
+           restrict_signals: bool = True, readable: tuple[str, ...] = ()) -> NoReturn:
     close_inherited(keep=(write_fd,))
     try:
         os.setpgid(0, 0)
         detach_standard_streams()
         if limits.filtered and restrict_signals:
-            hide_paths(limits)
+            hide_paths(limits, readable)
             seccomp.confine_session()
         _set_call_limits(timeout, limits)
     except BaseException as exc:

@@ -52,9 +52,10 @@ def shares(value: Any, env_module: str) -> bool:
         children = gc.get_referents(*plain) if plain else []
         for item in level:
             kind = type(item)
-            if kind not in _CONTAINERS and kind.__module__ == env_module and hasattr(item, "__dict__") \
-                    and not hasattr(kind, "__slots__"):
-                children.extend(vars(item).values())
+            if kind not in _CONTAINERS and kind.__module__ == env_module \
+                    and (stored := codec.stored_attributes(item, kind)) is not None:
+                children.extend(stored[0].values())
+                children.extend(stored[1].values())
         # (filtered in C first: most children are strings and numbers)
         others = compress(children, map(operator.not_, map(_PLAIN.__contains__, map(type, children))))
         level = [child for child in others if _has_identity(child)]

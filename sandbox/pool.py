@@ -71,16 +71,19 @@ class Limits:
     residents: int = 32  # live sessions each worker keeps at most (see sandbox.runtime)
     resident_memory_mb: int = 512  # memory a worker's live sessions may hold, measured
     resident_idle: float = 600.0  # seconds an unused live session keeps its process
+    layers_root: str = ""  # the package layers' folder, readable (read-only) by every worker
 
 
 @dataclass(frozen=True)
 class EnvCode:
-    """What a worker needs to compile an environment; ``key`` is the code hash."""
+    """What a worker needs to compile an environment; ``key`` is the code hash (with the layers).
+    ``layers``: the package folders its host puts on ``sys.path`` (under ``Limits.layers_root``)."""
 
     key: str
     env_id: str
     class_name: str
     code: str
+    layers: tuple[str, ...] = ()
 
 
 class Channel(Protocol):
@@ -442,7 +445,7 @@ class WorkerPool:
             if env is not None and env.key not in worker.loaded:
                 load = {
                     "op": "load", "env": env.key, "env_id": env.env_id, "class_name": env.class_name,
-                    "code": env.code, "timeout": self.limits.load_timeout,
+                    "code": env.code, "layers": list(env.layers), "timeout": self.limits.load_timeout,
                 }
                 loaded = await self._roundtrip(worker, load, self.limits.load_timeout + 4 * GUARD_MARGIN)
                 if loaded.get("error"):
@@ -474,7 +477,7 @@ class WorkerPool:
         """Compile and instantiate ``env`` with ``{}`` in a throwaway fork; return the error or None."""
         answer = await self.request(
             {"op": "validate", "env_id": env.env_id, "class_name": env.class_name, "code": env.code,
-             "timeout": self.limits.load_timeout},
+             "layers": list(env.layers), "timeout": self.limits.load_timeout},
             None,
             self.limits.load_timeout,
         )

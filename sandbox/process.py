@@ -145,6 +145,7 @@ class ProcessBackend:
             "--output-bytes", str(limits.output_bytes),
             "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle),
             *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
+            *(("--layers-root", limits.layers_root) if limits.layers_root else ()),
             *(() if self.contain else ("--no-contain",)),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

@@ -2,7 +2,7 @@
 
 Requests (all carry ``id``; those about an environment carry ``env``, its code hash):
 
-- ``load``      {env, env_id, class_name, code}  start the environment's host process (see ``envhost``)
+- ``load``      {env, env_id, class_name, code, layers}  start the environment's host process (see ``envhost``)
 - ``init``      {env, init_config}               -> {state}
 - ``call``      {env, state, name, arguments}    -> {ok, result, error, state|None, diff}
   With ``deltas`` (and, with ``state``, the stored ``delta``), a changed tree state may come back
@@ -11,7 +11,7 @@ Requests (all carry ``id``; those about an environment carry ``env``, its code h
   fork that serves it then stays, as that session's *resident*, holding the live instance, and a
   later call at the version it holds may leave ``state`` out (else it answers ``need_state``).
 - ``score``     {env, state, initial, checks}    -> {checks: [{passed, error}]}
-- ``validate``  {env_id, class_name, code}       -> {ok, failure: {kind, message}}
+- ``validate``  {env_id, class_name, code, layers} -> {ok, failure: {kind, message}}
 - ``ping``      {}                               -> {ok}
 Any request may carry ``ending`` {sessions, envs}: first, the live processes of these sessions
 end, and every process of these environments (the service deleted them); and ``stats``: the
@@ -273,6 +273,7 @@ class Runtime:
     def _load(self, request: dict[str, Any]) -> None:
         key = request["env"]
         spec = {k: request[k] for k in ("env", "env_id", "class_name", "code")}
+        spec["layers"] = [str(layer) for layer in request.get("layers") or []]
         spec["timeout"] = float(request.get("timeout", DEFAULT_TIMEOUT))
         self.sources[key] = spec
         if key not in self.hosts:

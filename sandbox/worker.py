@@ -54,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cgroup", default="", help="memory cgroup to join (made by the service)")
     parser.add_argument("--cgroup-missing", default="the service made no memory cgroup for this worker",
                         help="why there is no --cgroup")
+    parser.add_argument("--layers-root", default="", help="folder of the package layers environments may use "
+                        "(read-only; each host puts only its environment's layers on sys.path)")
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
     parser.add_argument("--container", action="store_true", help="the container engine confines us: verify only")
     return parser.parse_args(argv)
@@ -83,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         contain.die_with_parent()
         report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
-        report = contain.apply(args.uid, args.gid, args.tmp_mb, args.cgroup or None, args.cgroup_missing)
+        report = contain.apply(args.uid, args.gid, args.tmp_mb, args.cgroup or None, args.cgroup_missing,
+                               readable=(args.layers_root,) if args.layers_root else ())
     limits = WorkerLimits(
         memory_bytes=args.memory_mb << 20,
         open_files=args.open_files,
         processes=args.processes,
         output_bytes=args.output_bytes,
+        layers_root=os.path.realpath(args.layers_root) if args.layers_root else "",
+        # every environment's processes are kept out of the layers but their own (see ``landlock``)
+        hidden=(os.path.realpath(args.layers_root),) if args.layers_root else (),
         # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
         dedicated_uid="user" in report["applied"] and not args.container,
     )

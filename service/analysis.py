@@ -9,7 +9,7 @@ a few run at once. Slots go to the waiting tenant that holds fewest (``FairGate`
 tenant's queue of submissions makes another's wait for at most one analysis.
 
 The child reads ``{"class_name", "code"}`` as JSON on stdin and writes
-``{"tools": [...]}`` or ``{"error": {"reason", "message"}}``.
+``{"tools": [...], "imports": [...]}`` (imports beyond the standard library) or ``{"error": {"reason", "message"}}``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Analysis:
         self._slots = FairGate(concurrent)
 
     async def environment(self, *, env_id: str, class_name: str, code: str, summary: str, introduction: str,
-                          rules: list[str], tenant: str = "") -> Environment:
+                          rules: list[str], tenant: str = "", requirements: list[str] | None = None) -> Environment:
         """Raises CatalogError naming the reason (syntax, missing class, a bound); Unavailable when no
         analysis slot came free within the wait."""
         started = time.perf_counter()
@@ -52,7 +52,7 @@ class Analysis:
             async with self._slots.slot(tenant, self.wait):
                 if self.metrics is not None:
                     self.metrics.analysis_wait.observe(time.perf_counter() - started)
-                tools = await self._tools(class_name, code)
+                tools, imports = await self._tools(class_name, code)
         except NoSlot:
             from service.problems import Unavailable
 
@@ -64,9 +64,10 @@ class Analysis:
             raise CatalogError(f"the tool schemas exceed {MAX_TOOLS_BYTES} bytes", field="code",
                                reason="max_tools_bytes")
         return Environment(env_id=env_id, class_name=class_name, code=code, summary=summary,
-                           introduction=introduction, rules=list(rules), tools=tools)
+                           introduction=introduction, rules=list(rules), tools=tools,
+                           requirements=list(requirements or []), imports=imports)
 
-    async def _tools(self, class_name: str, code: str) -> list[dict[str, Any]]:
+    async def _tools(self, class_name: str, code: str) -> tuple[list[dict[str, Any]], list[str]]:
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-m", "service.analysis", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, preexec_fn=_limit_memory,
@@ -88,7 +89,7 @@ class Analysis:
         if "error" in answer:
             raise CatalogError(answer["error"]["message"], field="code", reason=answer["error"]["reason"])
         tools: list[dict[str, Any]] = answer["tools"]
-        return tools
+        return tools, [str(name) for name in answer.get("imports", [])]
 
 
 def _limit_memory() -> None:
@@ -105,7 +106,7 @@ def main() -> int:
     request = json.loads(sys.stdin.buffer.read())
     try:
         env = build_environment(env_id="analysis", class_name=request["class_name"], code=request["code"])
-        answer: dict[str, Any] = {"tools": env.tools}
+        answer: dict[str, Any] = {"tools": env.tools, "imports": env.imports}
     except CatalogError as exc:
         answer = {"error": {"reason": exc.reason or "invalid", "message": exc.message}}
     except (MemoryError, RecursionError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,11 +13,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import idempotency, schemas
 from service.auth import KeyRing, Principal
-from service.catalog import CatalogError, Scenario, ToolCall, new_scenario_id
+from service.catalog import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
 from service.observability import Metrics
 from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
 from service.registry import Registry
+from service.scenario_index import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    ScenarioQuery,
+    decode_cursor,
+    encode_cursor,
+    scenario_query,
+)
 from service.sessions import Applied, Created, Sessions
 from service.store import Snapshot, StoreError
 
@@ -97,9 +106,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/environments", response_model=schemas.EnvironmentList, tags=["environments"])
 async def list_environments(who: Principal = Run, reg: Registry = Depends(registry)) -> schemas.EnvironmentList:
     envs = await reg.environments(who.tenant)
-    counts: dict[str, int] = {}
-    for scenario in await reg.scenarios(who.tenant):
-        counts[scenario.env_id] = counts.get(scenario.env_id, 0) + 1
+    counts = await reg.scenario_counts(who.tenant)
     return schemas.EnvironmentList(environments=[
         schemas.EnvironmentSummary(env_id=e.env_id, class_name=e.class_name, summary=e.summary,
                                    tool_count=len(e.tools), scenario_count=counts.get(e.env_id, 0))
@@ -110,7 +117,7 @@ async def list_environments(who: Principal = Run, reg: Registry = Depends(regist
 def _env_detail(env: Any) -> schemas.EnvironmentDetail:
     return schemas.EnvironmentDetail(env_id=env.env_id, class_name=env.class_name, summary=env.summary,
                                      introduction=env.introduction, rules=env.rules, tools=env.tools,
-                                     source=env.code, provenance=env.provenance)
+                                     source=env.code, provenance=env.provenance, requirements=env.requirements)
 
 
 @router.get("/v1/environments/{env_id}", response_model=schemas.EnvironmentDetail, tags=["environments"])
@@ -126,7 +133,7 @@ async def create_environment(body: schemas.EnvironmentCreate, request: Request, 
         # Static analysis of up to 1 MiB of code, in a bounded child process.
         env = await request.app.state.analysis.environment(
             env_id=body.env_id, class_name=body.class_name, code=body.code, summary=body.summary,
-            introduction=body.introduction, rules=body.rules, tenant=who.tenant)
+            introduction=body.introduction, rules=body.rules, tenant=who.tenant, requirements=body.requirements)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
     return _env_detail(await reg.add_environment(env, who.tenant))
@@ -140,14 +147,48 @@ async def delete_environment(env_id: str, who: Principal = Admin, reg: Registry 
 
 
 # -- scenarios ------------------------------------------------------------------------------
+SplitFilter = Query(default=None, pattern=LABEL_PATTERN, description="Only scenarios of this split.")
+TagFilter = Query(default=[], description=f"Only scenarios carrying this tag; repeat for all of several (at most "
+                  f"{MAX_TAGS}).")
+CursorParam = Query(default=None, max_length=512, description="The `next_cursor` of the previous page.")
+
+
+def _limit(default: int) -> Any:
+    return Query(default=default, ge=1, le=MAX_LIMIT, description=f"Scenarios per page, 1 to {MAX_LIMIT}.")
+
+
+async def _scenario_list(request: Request, reg: Registry, tenant: str, query: ScenarioQuery, limit: int,
+                         cursor: str | None) -> schemas.ScenarioList:
+    after = None if cursor is None else decode_cursor(query, cursor)
+    found = await reg.scenario_page(query, after, limit, tenant)
+    next_cursor = None if found.last is None else encode_cursor(query, found.last)
+    link = None
+    if next_cursor is not None:
+        params = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
+        link = f"{request.url.path}?{urlencode([*params, ('cursor', next_cursor)])}"
+    return schemas.ScenarioList(
+        scenarios=[schemas.ScenarioSummary(scenario_id=s.scenario_id, env_id=s.env_id, task=s.task, split=s.split,
+                                           tags=list(s.tags)) for s in found.scenarios],
+        total=found.total, next_cursor=next_cursor, next=link)
+
+
+@router.get("/v1/scenarios", response_model=schemas.ScenarioList, tags=["scenarios"])
+async def find_scenarios(request: Request,
+                         env: str | None = Query(default=None, max_length=128, description="Only this environment's."),
+                         split: str | None = SplitFilter, tag: list[str] = TagFilter,
+                         limit: int = _limit(DEFAULT_LIMIT), cursor: str | None = CursorParam,
+                         who: Principal = Run, reg: Registry = Depends(registry)) -> schemas.ScenarioList:
+    """The scenarios this tenant sees (the loaded catalogs' and its own), by id, filtered and a page at a time."""
+    return await _scenario_list(request, reg, who.tenant, scenario_query(env, split, tag), limit, cursor)
+
+
 @router.get("/v1/environments/{env_id}/scenarios", response_model=schemas.ScenarioList, tags=["scenarios"])
-async def list_scenarios(env_id: str, who: Principal = Run, reg: Registry = Depends(registry)) -> schemas.ScenarioList:
-    await reg.environment(env_id, who.tenant)
-    items = [s for s in await reg.scenarios(who.tenant) if s.env_id == env_id]
-    return schemas.ScenarioList(scenarios=[
-        schemas.ScenarioSummary(scenario_id=s.scenario_id, env_id=s.env_id, task=s.task)
-        for s in sorted(items, key=lambda s: s.scenario_id)
-    ])
+async def list_scenarios(env_id: str, request: Request, split: str | None = SplitFilter, tag: list[str] = TagFilter,
+                         limit: int = _limit(MAX_LIMIT), cursor: str | None = CursorParam, who: Principal = Run,
+                         reg: Registry = Depends(registry)) -> schemas.ScenarioList:
+    """One environment's scenarios, by id; as GET /v1/scenarios?env=env_id. Without `limit`, pages are as large as
+    they may be, so a client written before paging gets every scenario of an environment of up to that many."""
+    return await _scenario_list(request, reg, who.tenant, scenario_query(env_id, split, tag), limit, cursor)
 
 
 def _scenario_detail(s: Scenario) -> schemas.ScenarioDetail:
@@ -172,6 +213,8 @@ async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
         reference_solution=None if body.reference_solution is None else [
             ToolCall(name=c.name, arguments=c.arguments) for c in body.reference_solution
         ],
+        split=body.split,
+        tags=tuple(body.tags),
     )
     return _scenario_detail(await reg.add_scenario(scenario, who.tenant))
 

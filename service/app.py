@@ -94,12 +94,18 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         heap.release_large_blocks()
         loaded = catalog if catalog is not None else load_catalog(settings)
+        packages = settings.packages()
+        if packages.layers is not None:
+            packages.layers.prepare()
+        for problem in await packages.attach_catalog(loaded):  # (builds each missing layer once)
+            log.warning("catalog: %s", problem)
         store = make_store(settings)
         await store.ping()
         pool = make_pool(settings)
         await pool.start()
         registry = Registry(loaded, store, pool, max_environments=settings.max_environments,
-                            max_scenarios=settings.max_scenarios, max_tenant_bytes=settings.max_tenant_bytes)
+                            max_scenarios=settings.max_scenarios, max_tenant_bytes=settings.max_tenant_bytes,
+                            packages=packages)
         user = make_user(settings)
         app.state.settings = settings
         app.state.keys = keys

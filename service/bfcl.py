@@ -214,6 +214,26 @@ class _Source:
         return {fn.name: fn for fn in node.body if isinstance(fn, ast.FunctionDef) and not fn.name.startswith("_")}
 
 
+def _required_versions(package: Path) -> dict[str, str]:
+    """bfcl-eval's own requirements by project name ("mpmath" -> "mpmath==1.3.0"), read from the
+    metadata installed beside it (none for a source folder without it)."""
+    from email.parser import HeaderParser
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    found: dict[str, str] = {}
+    for metadata in sorted(package.parent.glob("bfcl_eval-*.dist-info/METADATA")):
+        for line in HeaderParser().parsestr(metadata.read_text(encoding="utf-8", errors="replace")).get_all(
+                "Requires-Dist") or []:
+            try:
+                requirement = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if requirement.marker is None and not requirement.url:
+                found[requirement.name.lower()] = f"{requirement.name.lower()}{requirement.specifier}"
+    return found
+
+
 def _stdlib(module: str) -> bool:
     import sys
 
@@ -384,8 +404,9 @@ def _schema_mismatch(combo: _Combination, calls: list[ToolCall]) -> str | None:
 def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES) -> ImportReport:
     """Write the multi-turn ``categories`` of bfcl-eval (installed, or at ``package``) as packages under ``out``.
 
-    Entries whose classes import packages outside the standard library are
-    skipped and named in the report, with the packages they need.
+    An environment whose classes import packages outside the standard library (MathAPI imports
+    mpmath) declares them as ``requirements``, at the versions bfcl-eval itself requires when its
+    metadata says; a server serves it when its operator allows them (``service.requirements``).
 
     Raises:
         CatalogError: bfcl-eval cannot be found, a category is not multi-turn, or its files cannot be read.
@@ -405,6 +426,7 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
         raise CatalogError(f"cannot read BFCL's API sources under {source_dir}: {exc}", path=str(source_dir)) from exc
     report = ImportReport()
     catalog = Catalog()
+    pinned = _required_versions(package)
     combos: dict[str, _Combination] = {}
     for category in categories:
         answers = {row.get("id"): row.get("ground_truth") for row in
@@ -417,10 +439,6 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                 report.skipped.append(f"{entry_id}: no source for {missing or 'its classes'}")
                 continue
             needs = sorted({n for c in classes for n in sources[backend.modules[c]].needs})
-            if needs:
-                report.skipped.append(f"{entry_id}: {', '.join(classes)} import {', '.join(needs)}, "
-                                      "which the sandbox does not have")
-                continue
             excluded = [str(f) for f in entry.get("excluded_function") or []]
             key = json.dumps([classes, sorted(excluded)])
             if key not in combos:
@@ -432,7 +450,7 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                     summary=f"BFCL multi-turn with {', '.join(classes)}",
                     introduction=f"BFCL multi-turn environment: the tools of {', '.join(classes)}, as bfcl-eval "
                                  "defines them.",
-                    tool_overrides=_overrides(combo)))
+                    tool_overrides=_overrides(combo), requirements=[pinned.get(n, n) for n in needs]))
             combo = combos[key]
             try:
                 calls = [combo.call(text) for turn in answers.get(entry.get("id")) or [] for text in turn]
@@ -450,7 +468,9 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
                 scenario_id=f"bfcl-{entry_id.replace('_', '-')}", env_id=combo.env_id, task=_task(entry),
                 init_config={"_initial_config": entry.get("initial_config") or {},
                              "_long_context": category == "multi_turn_long_context"},
-                checklist=_checks(combo, calls), reference_solution=calls))
+                checklist=_checks(combo, calls), reference_solution=calls,
+                # BFCL has no train/test: its category is the set a run evaluates on.
+                split=category, tags=("bfcl",)))
     for env in catalog.environments.values():
         if catalog.scenarios_of(env.env_id):  # every entry of a combination may have been skipped
             write_package(env, catalog.scenarios_of(env.env_id), Path(out))

@@ -3,11 +3,13 @@
 A package is a folder per environment::
 
     <env_id>/env.py           the class source (never imported by the API process)
-    <env_id>/env.json         {env_id, class_name, summary, introduction, rules, tools?}
+    <env_id>/env.json         {env_id, class_name, summary, introduction, rules, tools?, requirements?}
     <env_id>/scenarios.jsonl  one scenario per line
 
 ``tools`` in ``env.json`` is optional: a mapping of tool name to fields
 (``description``, ``parameters``) that replace what static analysis extracted.
+``requirements`` is optional too: the packages the code imports beyond the standard library
+(see ``service.requirements``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import secrets
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,36 @@ class ConflictError(CatalogError):
 
 
 CHECK_KINDS = ("change", "keep")
+# A split ("test", "train", a benchmark category) and tags ("retail", "bfcl") select scenarios in
+# listings and rollouts. Short, URL-safe words: they travel in query strings and cursors unescaped.
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+MAX_TAGS = 16
+_LABEL = re.compile(LABEL_PATTERN)
+
+
+def check_labels(split: Any, tags: Any, where: str = "scenario") -> tuple[str | None, tuple[str, ...]]:
+    """The split and tags of a scenario record, validated.
+
+    Raises:
+        CatalogError: naming ``split`` or ``tags`` (a wrong type, a character outside the pattern,
+            more than MAX_TAGS tags, a tag given twice).
+    """
+    if split is not None and not (isinstance(split, str) and _LABEL.fullmatch(split)):
+        raise CatalogError(f"{where}: split must match {LABEL_PATTERN} (1-64 letters, digits, '_.:-')",
+                           field="split", path=where)
+    if tags is None:
+        return split, ()
+    if not isinstance(tags, list):
+        raise CatalogError(f"{where}: tags must be a list of strings", field="tags", path=where)
+    if len(tags) > MAX_TAGS:
+        raise CatalogError(f"{where}: at most {MAX_TAGS} tags, got {len(tags)}", field="tags", path=where)
+    for i, tag in enumerate(tags):
+        if not (isinstance(tag, str) and _LABEL.fullmatch(tag)):
+            raise CatalogError(f"{where}: tags[{i}] must match {LABEL_PATTERN} (1-64 letters, digits, '_.:-')",
+                               field=f"tags[{i}]", path=where)
+    if len(set(tags)) != len(tags):
+        raise CatalogError(f"{where}: tags must not repeat", field="tags", path=where)
+    return split, tuple(tags)
 
 
 @dataclass(frozen=True)
@@ -68,6 +102,8 @@ class Scenario:
     # The correct outcome may leave the state as it was (a benchmark task whose answer is to refuse):
     # validation then notes, rather than reports, checks that pass before any call.
     unchanged_is_correct: bool = False
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -84,6 +120,11 @@ class Scenario:
             ]
         if self.unchanged_is_correct:
             data["unchanged_is_correct"] = True
+        # Left out when unset, so records and content ids written before labels existed stay the same.
+        if self.split is not None:
+            data["split"] = self.split
+        if self.tags:
+            data["tags"] = list(self.tags)
         return data
 
     @classmethod
@@ -129,6 +170,7 @@ class Scenario:
                     raise CatalogError(f"{where}: reference_solution[{i}].arguments must be an object",
                                        field=f"reference_solution[{i}]", path=where)
                 solution.append(ToolCall(name=call["name"], arguments=arguments))
+        split, tags = check_labels(data.get("split"), data.get("tags"), where)
         # Without an id, derive one from the content: every replica and restart must agree on it.
         scenario_id = data.get("scenario_id") or content_scenario_id(data)
         return cls(
@@ -139,6 +181,8 @@ class Scenario:
             checklist=checklist,
             reference_solution=solution,
             unchanged_is_correct=data.get("unchanged_is_correct") is True,
+            split=split,
+            tags=tags,
         )
 
 
@@ -157,11 +201,17 @@ class Environment:
     # id is added over the API, so a session made from a deleted registration stays dead when the
     # id is added again.
     registration: str = ""
+    requirements: list[str] = field(default_factory=list)  # packages it declares (PEP 508)
+    imports: list[str] = field(default_factory=list)  # what the code imports beyond the standard library
+    layers: tuple[str, ...] = ()  # where its requirements are installed, once they are (``service.layers``)
 
     @property
     def code_hash(self) -> str:
-        """Identifies the class code: workers cache compiled classes under it."""
-        return hashlib.sha256(f"{self.class_name}\0{self.code}".encode()).hexdigest()
+        """Identifies the class code and what it requires: workers cache compiled classes under it."""
+        text = f"{self.class_name}\0{self.code}"
+        if self.requirements:  # (an environment without requirements keeps the hash it always had)
+            text += "\0" + "\0".join(self.requirements)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def tool_names(self) -> set[str]:
@@ -185,6 +235,8 @@ class Environment:
             data["tools"] = self.tool_overrides
         if self.provenance:
             data["provenance"] = self.provenance
+        if self.requirements:
+            data["requirements"] = list(self.requirements)
         return data
 
 
@@ -208,6 +260,7 @@ def build_environment(
     introduction: str = "",
     rules: list[str] | None = None,
     tool_overrides: dict[str, dict[str, Any]] | None = None,
+    requirements: list[str] | None = None,
 ) -> Environment:
     """Parse the class statically and extract its tools. Nothing is executed here.
 
@@ -233,7 +286,27 @@ def build_environment(
         rules=list(rules or []),
         tool_overrides=overrides,
         tools=tools,
+        requirements=list(requirements or []),
+        imports=third_party_imports(code),
     )
+
+
+def third_party_imports(code: str) -> list[str]:
+    """Top-level modules the code imports that are not in the standard library, sorted.
+
+    Only absolute imports written as statements are seen; an import by computed name still finds
+    nothing but the standard library and the environment's own layer in the sandbox."""
+    names: set[str] = set()
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []  # extract_tools has reported why already
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return sorted(n for n in names if n not in sys.stdlib_module_names and n != "__future__")
 
 
 def parse_check(source: str, *, field_name: str = "check") -> None:
@@ -260,6 +333,8 @@ class Catalog:
         self.environments: dict[str, Environment] = {}
         self.scenarios: dict[str, Scenario] = {}
         self.problems: list[str] = []
+        # Bumped on every change, so indexes built over the catalog know when to rebuild.
+        self.version = 0
 
     def add_environment(self, env: Environment) -> bool:
         """Add ``env``; return False when the same definition is already present.
@@ -294,6 +369,7 @@ class Catalog:
                 )
             return False
         self.scenarios[scenario.scenario_id] = scenario
+        self.version += 1
         return True
 
     def scenarios_of(self, env_id: str) -> list[Scenario]:
@@ -358,6 +434,7 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
             introduction=manifest.get("introduction", ""),
             rules=manifest.get("rules", []),
             tool_overrides=manifest.get("tools"),
+            requirements=_requirements(manifest.get("requirements"), manifest_path),
         )
     except CatalogError as exc:
         exc.path = str(code_path)
@@ -388,6 +465,14 @@ def read_package(folder: Path) -> tuple[Environment, list[Scenario], list[str]]:
                 continue
             scenarios.append(scenario)
     return env, scenarios, problems
+
+
+def _requirements(value: Any, where: Path) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise CatalogError(f"{where}: requirements must be a list of strings", field="requirements", path=str(where))
+    return list(value)
 
 
 def write_package(env: Environment, scenarios: list[Scenario], out: Path) -> Path:

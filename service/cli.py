@@ -66,11 +66,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     settings = Settings(workers=args.workers or 2)
 
+    packages = settings.packages()  # ENVFOUNDRY_ALLOWED_REQUIREMENTS and the wheelhouse, as for serve
+    if packages.layers is not None:
+        packages.layers.prepare()
+
     async def run() -> int:
         pool = make_pool(settings)
         await pool.start()
         try:
-            report = await validate_catalog([Path(p) for p in args.dirs], pool)
+            report = await validate_catalog([Path(p) for p in args.dirs], pool, packages)
         finally:
             await pool.close()
         for note in report.notes:

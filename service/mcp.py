@@ -44,7 +44,16 @@ from service import idempotency
 from service.api import created_body as created_view
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.auth import Principal
+from service.catalog import LABEL_PATTERN, MAX_TAGS
 from service.problems import InvalidRequest, ServiceError, problem_response, problem_type
+from service.scenario_index import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+    scenario_query,
+)
 from service.sessions import Applied, Sessions
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"
@@ -145,12 +154,16 @@ def session_server() -> Server[Any]:
 
 # -- the service ----------------------------------------------------------------------------
 async def _list_scenarios(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
-    env_id = args.get("env_id")
-    if env_id is not None:
-        await engine.registry.environment(env_id, tenant)
-    scenarios = [s for s in await engine.registry.scenarios(tenant) if env_id is None or s.env_id == env_id]
-    return {"scenarios": [{"scenario_id": s.scenario_id, "env_id": s.env_id, "task": s.task}
-                          for s in sorted(scenarios, key=lambda s: s.scenario_id)]}
+    tags = args.get("tag", [])
+    if not isinstance(tags, list):
+        raise InvalidRequest("tag must be a list of strings", field="tag")
+    query = scenario_query(args.get("env_id"), args.get("split"), tags)
+    limit = check_limit(args.get("limit", DEFAULT_LIMIT))
+    after = decode_cursor(query, args["cursor"]) if args.get("cursor") is not None else None
+    found = await engine.registry.scenario_page(query, after, limit, tenant)
+    return {"scenarios": [{"scenario_id": s.scenario_id, "env_id": s.env_id, "task": s.task, "split": s.split,
+                           "tags": list(s.tags)} for s in found.scenarios],
+            "total": found.total, "next_cursor": None if found.last is None else encode_cursor(query, found.last)}
 
 
 async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
@@ -183,8 +196,15 @@ _KEY = {"type": "string", "pattern": idempotency.KEY_PATTERN,
         "description": "Optional: a retry with the same key answers the first attempt and applies nothing twice."}
 SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
     "list_scenarios": (
-        "List the scenarios (id, environment, task), optionally of one environment.",
-        {"type": "object", "properties": {"env_id": _ID}, "additionalProperties": False},
+        "List the scenarios (id, environment, task, split, tags) by id, a page at a time, optionally of one "
+        "environment, one split and carrying every tag given. Answers {scenarios, total, next_cursor}: pass "
+        "next_cursor as cursor for the next page (null on the last).",
+        {"type": "object", "properties": {
+            "env_id": _ID, "split": {"type": "string", "pattern": LABEL_PATTERN},
+            "tag": {"type": "array", "items": {"type": "string", "pattern": LABEL_PATTERN}, "maxItems": MAX_TAGS},
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+            "cursor": {"type": "string", "maxLength": 512}},
+         "additionalProperties": False},
         _list_scenarios),
     "create_session": (
         "Start a session from a scenario (scenario_id) or from an environment (env_id, optional init_config). "

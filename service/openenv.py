@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from service import idempotency
 from service.catalog import Environment, Scenario
 from service.problems import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
+from service.scenario_index import ScenarioQuery
 from service.sessions import Applied, Sessions
 from service.store import Snapshot
 
@@ -104,9 +106,8 @@ class Episodes:
         """Raises NotFound: no such environment for this tenant."""
         return await self.engine.registry.environment(self.env_id, self.tenant)
 
-    async def scenarios(self) -> list[Scenario]:
-        scenarios = await self.engine.registry.scenarios(self.tenant)
-        return sorted((s for s in scenarios if s.env_id == self.env_id), key=lambda s: s.scenario_id)
+    async def scenarios(self) -> Sequence[Scenario]:
+        return await self.engine.registry.select(ScenarioQuery(env=self.env_id), self.tenant)
 
     async def episode(self, episode_id: str) -> Snapshot:
         """The episode's session, which must be of this environment.

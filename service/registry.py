@@ -11,9 +11,11 @@ parses to is cached by the record's content, so a replica never re-analyses code
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import secrets
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,25 +31,42 @@ from service.problems import (
     QuotaExceeded,
     Unavailable,
 )
+from service.requirements import SETTING, AllowList, Packages
+from service.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
 from service.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 
 PARSED_CACHE = 512
 
 
 def env_code(env: Environment) -> EnvCode:
-    return EnvCode(key=env.code_hash, env_id=env.env_id, class_name=env.class_name, code=env.code)
+    """What a worker runs; environments with the same code but other layers get hosts of their own."""
+    key = env.code_hash
+    if env.layers:
+        key = hashlib.sha256("\0".join((key, *env.layers)).encode()).hexdigest()
+    return EnvCode(key=key, env_id=env.env_id, class_name=env.class_name, code=env.code, layers=env.layers)
+
+
+def invalid_packages(exc: CatalogError) -> InvalidEnvironment:
+    """An environment's requirements or imports refused: 422 naming the field, and the setting."""
+    extra = {"setting": SETTING} if exc.reason in ("requirement_not_allowed", "undeclared_import") else {}
+    return InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field=exc.field or "requirements",
+                              **extra)
 
 
 class Registry:
     def __init__(self, catalog: Catalog, store: SessionStore, pool: WorkerPool, *,
-                 max_environments: int = 100, max_scenarios: int = 10_000, max_tenant_bytes: int = 1 << 30) -> None:
+                 max_environments: int = 100, max_scenarios: int = 10_000, max_tenant_bytes: int = 1 << 30,
+                 packages: Packages | None = None) -> None:
         self.catalog = catalog
+        self.packages = packages or Packages(AllowList([]), None)
         self.store = store
         self.pool = pool
         self.max_environments = max_environments
         self.max_scenarios = max_scenarios
         self.max_tenant_bytes = max_tenant_bytes
         self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
+        self._index: ScenarioIndex | None = None
+        self._indexed_version = -1
 
     async def environment(self, env_id: str, tenant: str = "") -> Environment:
         """Raises NotFound."""
@@ -57,7 +76,13 @@ class Registry:
         record = await self.store.get_record("environments", env_id, tenant=tenant)
         if record is None:
             raise NotFound(f"environment '{env_id}' not found")
-        return self._environment_from(record)
+        env = self._environment_from(record)
+        if env.requirements:  # (the layer is found in memory after the first use on this replica)
+            try:
+                env = await self.packages.attach(env)
+            except CatalogError as exc:
+                raise invalid_packages(exc) from exc
+        return env
 
     async def scenario(self, scenario_id: str, tenant: str = "") -> Scenario:
         """Raises NotFound."""
@@ -75,11 +100,46 @@ class Registry:
             envs.setdefault(env_id, self._environment_from(record))
         return sorted(envs.values(), key=lambda e: e.env_id)
 
-    async def scenarios(self, tenant: str = "") -> list[Scenario]:
-        scenarios = dict(self.catalog.scenarios)
-        for scenario_id, record in (await self.store.all_records("scenarios", tenant=tenant)).items():
-            scenarios.setdefault(scenario_id, self._scenario_from(record))
-        return list(scenarios.values())
+    def index(self) -> ScenarioIndex:
+        """The loaded catalog's scenario index, built once (again only if the catalog changed)."""
+        if self._index is None or self._indexed_version != self.catalog.version:
+            self._index = ScenarioIndex(self.catalog.scenarios.values())
+            self._indexed_version = self.catalog.version
+        return self._index
+
+    async def added_scenarios(self, tenant: str = "") -> list[Scenario]:
+        """The scenarios ``tenant`` added over the API, by id (read from the store: every replica's additions)."""
+        records = await self.store.all_records("scenarios", tenant=tenant)
+        added = (self._scenario_from(r) for key, r in records.items() if key not in self.catalog.scenarios)
+        return sorted(added, key=lambda s: s.scenario_id)
+
+    async def matching(self, query: ScenarioQuery, tenant: str = "") -> tuple[Sequence[Scenario], list[Scenario]]:
+        """What ``query`` selects, by id: from the loaded catalogs (indexed) and from what ``tenant`` added.
+
+        Raises NotFound when ``query.env`` is not an environment the tenant sees.
+        """
+        if query.env is not None:
+            await self.environment(query.env, tenant)
+        added = [s for s in await self.added_scenarios(tenant) if query.matches(s)]
+        return self.index().matching(query), added
+
+    async def select(self, query: ScenarioQuery, tenant: str = "") -> Sequence[Scenario]:
+        """Every scenario ``query`` selects for ``tenant``, by id. Raises NotFound as ``matching``."""
+        loaded, added = await self.matching(query, tenant)
+        return list(heapq.merge(loaded, added, key=lambda s: s.scenario_id)) if added else loaded
+
+    async def scenario_page(self, query: ScenarioQuery, after: str | None, limit: int, tenant: str = "") -> Page:
+        """The first ``limit`` scenarios ``query`` selects for ``tenant`` after the id ``after``. Raises NotFound."""
+        loaded, added = await self.matching(query, tenant)
+        return page(loaded, added, after, limit)
+
+    async def scenario_counts(self, tenant: str = "") -> dict[str, int]:
+        """Scenarios per environment id, as ``tenant`` sees them."""
+        index = self.index()
+        counts = {env_id: index.count(env_id) for env_id in self.catalog.environments}
+        for scenario in await self.added_scenarios(tenant):
+            counts[scenario.env_id] = counts.get(scenario.env_id, 0) + 1
+        return counts
 
     async def add_environment(self, env: Environment, tenant: str = "") -> Environment:
         """Validate ``env`` in the sandbox and publish it for ``tenant``.
@@ -97,6 +157,10 @@ class Registry:
         # The record is a little larger than the code: a tenant at its quota spends no sandbox time.
         await self._check_room(stored_bytes(env.code), tenant)
         try:
+            env = await self.packages.attach(env)  # before the sandbox: a refused import never loads
+        except CatalogError as exc:
+            raise invalid_packages(exc) from exc
+        try:
             failure = await self.pool.validate(env_code(env))
         except RequestFailed as exc:
             failure = {"kind": exc.kind, "message": exc.message}
@@ -107,7 +171,7 @@ class Registry:
         # The analysed tools travel with the record: replicas never parse the code again.
         env = replace(env, registration=secrets.token_hex(8))
         record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools,
-                             "registration": env.registration})
+                             "analysed_imports": env.imports, "registration": env.registration})
         previous = await self._put("environments", env.env_id, record, tenant, self.max_environments)
         if previous is not None:
             winner = self._environment_from(previous)
@@ -209,7 +273,8 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
     if "analysed_tools" not in data:  # written before records carried their analysis
         built = build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
                                   summary=data.get("summary", ""), introduction=data.get("introduction", ""),
-                                  rules=data.get("rules", []), tool_overrides=data.get("tools"))
+                                  rules=data.get("rules", []), tool_overrides=data.get("tools"),
+                                  requirements=data.get("requirements"))
         return replace(built, registration=data.get("registration", ""))
     return Environment(
         env_id=data["env_id"],
@@ -222,4 +287,6 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         tools=data["analysed_tools"],
         provenance=data.get("provenance"),
         registration=data.get("registration", ""),  # records written before registrations had none
+        requirements=list(data.get("requirements") or []),
+        imports=list(data.get("analysed_imports") or []),
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.catalog import LABEL_PATTERN, MAX_TAGS
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -42,6 +44,8 @@ class EnvironmentDetail(BaseModel):
     provenance: dict[str, Any] | None = Field(
         default=None, description="What synthesis recorded about the environment (its assessment), if it made it."
     )
+    requirements: list[str] = Field(default_factory=list, description="Packages it declares (see "
+                                    "EnvironmentCreate.requirements).")
 
 
 # Bounds on what clients submit; each is named in the 422 that enforces it.
@@ -58,6 +62,11 @@ class EnvironmentCreate(Strict):
     summary: str = Field(default="", max_length=MAX_TEXT)
     introduction: str = Field(default="", max_length=MAX_TEXT)
     rules: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=MAX_RULES)
+    requirements: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=32, description="Packages the code imports beyond the standard library "
+        "(PEP 508: 'mpmath==1.3.0', 'pydantic>=2.7,<3'); each must be allowed by the service "
+        "(ENVFOUNDRY_ALLOWED_REQUIREMENTS), which installs them once into a read-only layer only this "
+        "environment's sandbox processes see.")
 
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -74,14 +83,25 @@ class ToolCallSpec(Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+SPLIT_MEANING = "The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any."
+TAGS_MEANING = "Labels to select scenarios by (e.g. a benchmark and its domain)."
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
+
+
 class ScenarioSummary(BaseModel):
     scenario_id: str
     env_id: str
     task: str
+    split: str | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
 
 
 class ScenarioList(BaseModel):
-    scenarios: list[ScenarioSummary]
+    scenarios: list[ScenarioSummary] = Field(description="This page, by scenario id.")
+    total: int = Field(description="Scenarios matching the filters, on every page.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+    next: str | None = Field(description="The next page's path and query (the same filters and limit); null on "
+                             "the last page.")
 
 
 class ScenarioDetail(BaseModel):
@@ -91,6 +111,8 @@ class ScenarioDetail(BaseModel):
     init_config: dict[str, Any]
     checklist: list[CheckItem]
     reference_solution: list[ToolCallSpec] | None = None
+    split: str | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
 
 
 class ScenarioCreate(Strict):
@@ -100,6 +122,15 @@ class ScenarioCreate(Strict):
     init_config: dict[str, Any] = Field(default_factory=dict)
     checklist: list[CheckItem] = Field(default_factory=list, max_length=MAX_CHECKS)
     reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=MAX_SOLUTION_CALLS)
+    split: Label | None = Field(default=None, description=SPLIT_MEANING)
+    tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS, description=TAGS_MEANING)
+
+    @field_validator("tags")
+    @classmethod
+    def distinct(cls, tags: list[str]) -> list[str]:
+        if len(set(tags)) != len(tags):
+            raise ValueError("tags must not repeat")
+        return tags
 
 
 # -- sessions ---------------------------------------------------------------------------------

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sandbox.pool import Limits
 from service.connections import ConnectionBounds
+from service.requirements import AllowList, Packages
 from service.sessions import SessionLimits
 
 
@@ -95,6 +97,18 @@ class Settings(BaseSettings):
     analysis_wait: float = Field(default=60.0, gt=0, description="How long an environment submission waits for "
                                  "a code-analysis slot (slots go to the tenant holding fewest first).")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
+    allowed_requirements: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Packages environments may declare as requirements: PEP 508 names, "
+        "optionally with versions ('mpmath==1.3.0', 'pydantic>=2.7,<3'), as a JSON list or one per line. "
+        "An environment's requirement is installed within both its own and this version range. Empty: "
+        "environments use the standard library only.")
+    wheelhouse: Path | None = Field(default=None, description="A folder of wheels to install allowed "
+                                    "requirements from, with no package index (pip --no-index --find-links); "
+                                    "unset: pip's configured index.")
+    layers_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "envfoundry" / "layers",
+                             description="Where installed requirement sets (layers) are kept, one read-only "
+                             "folder per set, reused across restarts; sandbox workers read it (docker: "
+                             "mounted read-only at the same path).")
     user_llm_base_url: str | None = Field(
         default=None, description="OpenAI-compatible endpoint of the simulated user (conversation mode)."
     )
@@ -102,6 +116,28 @@ class Settings(BaseSettings):
     user_llm_api_key: str | None = Field(default=None, description="API key of the simulated user's endpoint.")
     user_llm_timeout: float = Field(default=60.0, gt=0, description="Seconds one simulated-user reply may take.")
     user_llm_temperature: float = Field(default=0.0, ge=0, le=2, description="Sampling temperature of the simulated user.")
+
+    @field_validator("allowed_requirements", mode="before")
+    @classmethod
+    def _requirement_lines(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [line.strip() for line in text.splitlines()
+                                                                   if line.strip()]
+        return value
+
+    def packages(self) -> Packages:
+        """The allow-list and, when it allows anything, the layers built from it.
+
+        Raises:
+            CatalogError: an allow-list entry is not a requirement (naming the setting).
+        """
+        allowed = AllowList(self.allowed_requirements)
+        if not allowed:
+            return Packages(allowed, None)
+        from service.layers import Layers
+
+        return Packages(allowed, Layers(self.layers_dir, wheelhouse=self.wheelhouse))
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"
@@ -131,4 +167,6 @@ class Settings(BaseSettings):
             resident_memory_mb=self.resident_memory_mb,
             # a live session never outlives its stored session's expiry
             resident_idle=min(600.0, self.session_ttl),
+            # (no layers to read unless something may be installed)
+            layers_root=str(self.layers_dir.resolve()) if self.allowed_requirements else "",
         )

@@ -292,6 +292,8 @@ def _scenarios(env_id: str, split: str, tasks: list[dict[str, Any]], tool_names:
             # tau-bench's reward gives 1.0 to an untouched database when the ground truth changes nothing
             # (a request the policy refuses); such a task then passes before any call, as it does there.
             unchanged_is_correct=not outputs,
+            split=split,
+            tags=("taubench", env_id.removeprefix("taubench_")),
         ))
     return scenarios
 

@@ -11,6 +11,7 @@ from service.catalog import Catalog, CatalogError
 from service.memory_store import MemoryStore
 from service.problems import ServiceError
 from service.registry import Registry, env_code
+from service.requirements import AllowList, Packages
 from service.sessions import Sessions
 
 
@@ -26,7 +27,8 @@ class Report:
         return not self.problems
 
 
-async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
+async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Packages | None = None) -> Report:
+    """``packages``: what environments may require (as the server would have it); none by default."""
     report = Report()
     catalog = Catalog()
     for folder in folders:
@@ -36,6 +38,9 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool) -> Report:
             report.problems.append(f"{exc.path or folder}: {exc.message}")
             return report
     report.problems.extend(catalog.problems)
+    # An environment whose requirements are refused or cannot be installed is a problem, and is
+    # not replayed (the server would skip it too).
+    report.problems.extend(await (packages or Packages(AllowList([]), None)).attach_catalog(catalog))
     report.environments = len(catalog.environments)
     report.scenarios = len(catalog.scenarios)
     store = MemoryStore()

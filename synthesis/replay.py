@@ -17,8 +17,8 @@ from jsonschema.exceptions import best_match
 
 from sandbox.pool import WorkerPool
 from service.catalog import Environment
+from service.registry import env_code
 from synthesis.answers import Call
-from synthesis.skeleton import env_code
 
 
 @dataclass(frozen=True)

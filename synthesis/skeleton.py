@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from sandbox.errors import RequestFailed
-from sandbox.pool import EnvCode
 from service.catalog import CatalogError, Environment, build_environment
+from service.registry import env_code
 from synthesis import dedup
 from synthesis.answers import Operation, parse_operation_plan, parse_state_plan
 from synthesis.assembly import assemble
@@ -19,10 +19,6 @@ from synthesis.report import KEPT, StageReport
 from synthesis.sources import MethodSource, parse_class_code, parse_method
 
 STAGE = "skeletons"
-
-
-def env_code(env: Environment) -> EnvCode:
-    return EnvCode(key=env.code_hash, env_id=env.env_id, class_name=env.class_name, code=env.code)
 
 
 def environment(record: dict[str, Any], assessment: dict[str, Any] | None = None) -> Environment:

@@ -9,13 +9,13 @@ from sandbox.errors import RequestFailed
 from sandbox.pool import WorkerPool
 from sandbox.view import view_encoded
 from service.catalog import Environment
+from service.registry import env_code
 from synthesis.answers import InitState, parse_init_state
 from synthesis.consistency import problems, schema_of
 from synthesis.context import Context
 from synthesis.dialogue import ask
 from synthesis.errors import Dropped, ParseError
 from synthesis.prompts import render, shown
-from synthesis.skeleton import env_code
 
 
 def view(state: str) -> Any:

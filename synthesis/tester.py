@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.catalog import Environment
+from service.registry import env_code
 from synthesis import checker, states
 from synthesis.answers import parse_probe_call
 from synthesis.context import Context
@@ -22,7 +23,6 @@ from synthesis.dialogue import converse
 from synthesis.errors import AnswerRejected
 from synthesis.llm import Message
 from synthesis.prompts import render, shown, turn
-from synthesis.skeleton import env_code
 
 HISTORY = 6  # exchanges the tester sees in full
 

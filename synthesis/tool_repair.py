@@ -20,6 +20,7 @@ from typing import Any
 
 from sandbox.errors import RequestFailed
 from service.catalog import CatalogError, Environment, build_environment
+from service.registry import env_code
 from synthesis import checker, states
 from synthesis.answers import EnvTexts, parse_env_texts
 from synthesis.assembly import replace_method
@@ -27,7 +28,6 @@ from synthesis.context import Context
 from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, ParseError
 from synthesis.prompts import render, shown
-from synthesis.skeleton import env_code
 from synthesis.sources import MethodSource, parse_method
 from synthesis.tester import Probing
 

@@ -128,8 +128,8 @@ def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str
         time.sleep(0.1)
 
 
-def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str,
-                 env: dict[str, str]) -> Iterator[Server]:
+def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str, env: dict[str, str],
+                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES)) -> Iterator[Server]:
     """A server reading its API keys (one hashed line each) from a file, on the store
     ``request.param`` names ("memory" or "redis", under a key prefix of its own, dropped after)."""
     (tmp / "keys").write_text(key_lines)
@@ -138,7 +138,7 @@ def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str,
     if request.param == "redis":
         redis_url = request.getfixturevalue("redis_url")
         env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(tmp, redis_url=redis_url, extra_env=env)
+    server = start_server(tmp, redis_url=redis_url, extra_env=env, catalogs=catalogs)
     yield server
     server.stop()
     if redis_url:

@@ -18,22 +18,53 @@ export async function catalogView(main) {
 }
 
 export async function environmentView(main, envId) {
-  const [env, { scenarios }] = await Promise.all([get(`/v1/environments/${enc(envId)}`),
-    get(`/v1/environments/${enc(envId)}/scenarios`)]);
+  const [env, first] = await Promise.all([get(`/v1/environments/${enc(envId)}`),
+    get(`/v1/environments/${enc(envId)}/scenarios?limit=${SCENARIO_PAGE}`)]);
   main.append(h("h2", {}, env.env_id), h("p", {}, env.summary),
     h("p", { class: "muted" }, `Class ${env.class_name}.`),
     h("section", { "aria-labelledby": "intro-h" }, h("h3", { id: "intro-h" }, "Introduction"), h("p", { class: "prose" }, env.introduction)),
     h("section", { "aria-labelledby": "rules-h" }, h("h3", { id: "rules-h" }, "Rules"),
       h("ul", {}, (Array.isArray(env.rules) ? env.rules : [env.rules]).map((r) => h("li", {}, r)))),
-    h("section", { "aria-labelledby": "scen-h" }, h("h3", { id: "scen-h" }, `Scenarios (${scenarios.length})`),
-      h("ul", { class: "cards" }, scenarios.map((s) => h("li", {},
-        h("h4", {}, h("a", { href: `#/scenario/${enc(s.scenario_id)}` }, s.scenario_id)), h("p", {}, s.task))))),
+    scenarioSection(first),
     h("section", { "aria-labelledby": "tools-h" }, h("h3", { id: "tools-h" }, `Tools (${env.tools.length})`),
       env.tools.map(toolCard)),
     env.provenance ? provenanceSection(env.provenance) : null,
     h("section", { "aria-labelledby": "source-h" }, h("h3", { id: "source-h" }, "Class source"),
       h("details", { class: "source" }, h("summary", {}, `${env.class_name} (${env.source.split("\n").length} lines)`),
         h("pre", {}, h("code", { class: "python" }, highlight(env.source))))));
+}
+
+// Thousands of scenarios in one environment (an imported benchmark): a page at a time, following `next`.
+const SCENARIO_PAGE = 100;
+
+function scenarioCard(s) {
+  const labels = [s.split, ...(s.tags ?? [])].filter(Boolean).join(" · ");
+  return h("li", {}, h("h4", {}, h("a", { href: `#/scenario/${enc(s.scenario_id)}` }, s.scenario_id)),
+    labels ? h("p", { class: "muted" }, labels) : null, h("p", {}, s.task));
+}
+
+function scenarioSection(first) {
+  const list = h("ul", { class: "cards" }, first.scenarios.map(scenarioCard));
+  const more = h("button", { type: "button" }, "Show more");
+  const out = h("div", {});
+  let next = first.next;
+  const shown = () => `Showing ${list.children.length} of ${first.total}.`;
+  const status = h("p", { class: "muted", "aria-live": "polite" }, shown());
+  more.hidden = !next;
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    out.replaceChildren();
+    try {
+      const page = await get(next);
+      list.append(...page.scenarios.map(scenarioCard));
+      next = page.next;
+      more.hidden = !next;
+      status.textContent = shown();
+    } catch (e) { out.append(errorBox(e)); }
+    more.disabled = false;
+  });
+  return h("section", { "aria-labelledby": "scen-h" }, h("h3", { id: "scen-h" }, `Scenarios (${first.total})`),
+    list, status, more, out);
 }
 
 // What synthesis recorded: its assessment of the tools, and what it repaired or removed.

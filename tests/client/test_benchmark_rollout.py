@@ -62,10 +62,13 @@ def rollout(server: Server, chat: Running, out: Path, *extra: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_a_tau_bench_split_prints_pass_hat_k(bench_server: Server, chat: Running, tmp_path: Path) -> None:
+@pytest.mark.parametrize("selection", [("--split", "test", "--tag", "taubench", "--tag", "shop"),
+                                       ("--prefix", "taubench-shop-test-")])
+def test_a_tau_bench_split_prints_pass_hat_k(bench_server: Server, chat: Running, tmp_path: Path,
+                                             selection: tuple[str, ...]) -> None:
     chat.script.reset({task(bench_server, "taubench-shop-test-0"): TAU_TEST_0,
                        task(bench_server, "taubench-shop-test-1"): TAU_TEST_1})
-    lines = rollout(bench_server, chat, tmp_path / "tau.jsonl", "--prefix", "taubench-shop-test-")
+    lines = rollout(bench_server, chat, tmp_path / "tau.jsonl", *selection)
     # test-0 succeeds in one sample of two, test-1 in both: pass^1 (0.5 + 1) / 2, pass^2 (0 + 1) / 2.
     assert "tau-bench: pass^1 0.750  pass^2 0.500 (2 tasks, 4 episodes)" in lines
     assert lines[-1] == f"wrote 4 trajectories to {tmp_path / 'tau.jsonl'}"  # the train split was not run
@@ -76,6 +79,16 @@ def test_bfcl_prints_accuracy(bench_server: Server, chat: Running, tmp_path: Pat
     lines = rollout(bench_server, chat, tmp_path / "bfcl.jsonl", "--scenario", "bfcl-multi-turn-base-0")
     assert "BFCL multi-turn: accuracy 0.500 (1/2 episodes)" in lines
     assert not any(line.startswith("tau-bench") for line in lines)
+
+
+def test_a_selection_that_matches_nothing_or_mixes_names_and_filters_runs_nothing(
+        bench_server: Server, chat: Running, tmp_path: Path) -> None:
+    for extra, said in ((("--split", "nosuch"), "no scenario matches the selection"),
+                        (("--scenario", "bfcl-multi-turn-base-0", "--split", "test"), "not both")):
+        done = envfoundry("rollout", "--server", bench_server.url, "--llm-base-url", chat.url, "--model", "m",
+                          "--out", str(tmp_path / "none.jsonl"), *extra)
+        assert done.returncode == 1 and said in done.stderr
+        assert not (tmp_path / "none.jsonl").exists()
 
 
 def test_pass_hat_k_is_tau_benchs_estimator() -> None:

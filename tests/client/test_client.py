@@ -128,6 +128,13 @@ def test_problems_become_typed_exceptions_with_fields(ef: Client) -> None:
     assert invalid.value.status == 422 and invalid.value.errors and invalid.value.field == invalid.value.errors[0]["field"]
     with pytest.raises(InvalidEnvironment):
         ef.create_environment("client-broken", "Broken", "class Broken(:\n")
+    # A requirement this server does not allow (it allows none): the problem names it and the setting.
+    with pytest.raises(InvalidEnvironment) as refused:
+        ef.create_environment("client-needs", "Needs", "import mpmath\nclass Needs:\n    pass\n",
+                              requirements=["mpmath==1.3.0"])
+    assert refused.value.extra["reason"] == "requirement_not_allowed"
+    assert refused.value.extra["setting"] == "ENVFOUNDRY_ALLOWED_REQUIREMENTS" and "mpmath==1.3.0" in refused.value.detail
+    assert refused.value.field == "requirements[0]"
 
 
 def test_adds_environments_and_scenarios(ef: Client) -> None:
@@ -153,6 +160,34 @@ def test_adds_environments_and_scenarios(ef: Client) -> None:
         ef.delete_environment("client-counter")
 
 
+def test_finds_scenarios_by_split_and_tag_a_page_at_a_time(ef: Client) -> None:
+    ef.create_environment("client-labels", "Counter", PROBE_CODE)
+    made = [ef.create_scenario("client-labels", f"Bump {i}.", scenario_id=f"client-labels-{i:02d}",
+                               split="test" if i % 2 else "train", tags=["client", f"n{i % 3}"]) for i in range(9)]
+    try:
+        assert made[1].split == "test" and made[1].tags == ("client", "n1")
+        first = ef.find_scenarios(env_id="client-labels", split="test", limit=3)
+        assert first.total == 4 and len(first.scenarios) == 3 and first.next_cursor is not None
+        rest = ef.find_scenarios(env_id="client-labels", split="test", limit=3, cursor=first.next_cursor)
+        assert [s.scenario_id for s in first.scenarios + rest.scenarios] == [
+            "client-labels-01", "client-labels-03", "client-labels-05", "client-labels-07"]
+        assert rest.next_cursor is None
+        tagged = list(ef.iter_scenarios(tags=["client", "n0"], page_size=1))
+        assert [s.scenario_id for s in tagged] == ["client-labels-00", "client-labels-03", "client-labels-06"]
+        assert (tagged[1].split, tagged[1].tags) == ("test", ("client", "n0")) and ef.get_scenario("client-labels-06").tags == ("client", "n0")
+        assert len(list(ef.iter_scenarios(page_size=7))) == ef.find_scenarios().total
+        with pytest.raises(InvalidRequest) as bad:
+            ef.find_scenarios(limit=5000)
+        assert bad.value.field == "limit"
+        with pytest.raises(InvalidRequest) as bad:
+            ef.create_scenario("client-labels", "t", tags=["no spaces allowed"])
+        assert bad.value.field == "tags.0"
+    finally:
+        for scenario in made:
+            ef.delete_scenario(scenario.scenario_id)
+        ef.delete_environment("client-labels")
+
+
 @pytest.mark.anyio
 async def test_async_client_has_the_same_endpoints(ef_server: Server) -> None:
     async with AsyncClient(ef_server.url) as aef:
@@ -166,6 +201,9 @@ async def test_async_client_has_the_same_endpoints(ef_server: Server) -> None:
             assert (await aef.call(sid, call.name, call.arguments)).ok
         assert (await aef.score(sid)).reward == 1.0
         assert [s.step async for s in aef.iter_trajectory(sid, page_size=1)] == [1, 2]
+        listed = [s async for s in aef.iter_scenarios(env_id="online_store_orders", page_size=2)]
+        assert [s.scenario_id for s in listed] == [s.scenario_id for s in await aef.list_scenarios("online_store_orders")]
+        assert len(listed) > 2
         with pytest.raises(NotFound):
             await aef.get_environment("nope")
         await aef.delete_session(sid)

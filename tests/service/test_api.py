@@ -343,7 +343,10 @@ def test_reading_a_session_of_a_deleted_environment_does_not_keep_it_alive(clien
         ("class Bad:\n    def f(self)\n        pass\n", "syntax_error", "line 2"),
         ("class Other:\n    pass\n", "missing_class", "Bad"),
         ("class Bad:\n    def __init__(self, config=None):\n        raise ValueError('no')\n", "init_error", "no"),
-        ("import no_such_module_qq\nclass Bad:\n    pass\n", "import_error", "no_such_module_qq"),
+        ("import no_such_module_qq\nclass Bad:\n    pass\n", "undeclared_import", "no_such_module_qq"),
+        # an import by computed name is not seen before the sandbox loads the code, which finds nothing
+        ("import importlib\nimportlib.import_module('no_such_' + 'module_qq')\nclass Bad:\n    pass\n",
+         "import_error", "no_such_module_qq"),
     ],
 )
 def test_invalid_environment_code_is_422_with_the_reason(client: httpx.Client, code: str, reason: str,

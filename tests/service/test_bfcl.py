@@ -31,8 +31,20 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def client(imported: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    server = start_server(tmp_path_factory.mktemp("bfcl-server"), catalogs=(imported[0],))
+def mpmath_allowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Settings that let the MathAPI environment have mpmath: the wheel fetched once through pip's
+    configured index (PyPI) into a wheelhouse the service then installs from with no index."""
+    wheels = tmp_path_factory.mktemp("mpmath-wheels")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--dest",
+                    str(wheels), "mpmath==1.3.0"], check=True, timeout=300)
+    return {"ENVFOUNDRY_ALLOWED_REQUIREMENTS": "mpmath", "ENVFOUNDRY_WHEELHOUSE": str(wheels),
+            "ENVFOUNDRY_LAYERS_DIR": str(tmp_path_factory.mktemp("layers"))}
+
+
+@pytest.fixture(scope="module")
+def client(imported: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory,
+           mpmath_allowed: dict[str, str]) -> Iterator[httpx.Client]:
+    server = start_server(tmp_path_factory.mktemp("bfcl-server"), catalogs=(imported[0],), extra_env=mpmath_allowed)
     try:
         with server.client() as http:
             yield http
@@ -42,11 +54,14 @@ def client(imported: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory)
 
 def test_one_environment_per_set_of_classes_and_excluded_functions(imported: tuple[Path, str]) -> None:
     out, printed = imported
-    assert sorted(p.name for p in out.iterdir()) == ["bfcl_CounterAPI-NotesAPI", "bfcl_NotesAPI",
-                                                     "bfcl_NotesAPI_without_delete_note"]
-    assert printed.strip().endswith(f"wrote 3 environments and 3 scenarios to {out}")
-    # An entry whose classes import a package the sandbox lacks is named, with the package.
-    assert "SKIPPED multi_turn_base_2: CounterAPI, CalcAPI import mpmath, which the sandbox does not have" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["bfcl_CounterAPI-CalcAPI", "bfcl_CounterAPI-NotesAPI",
+                                                     "bfcl_NotesAPI", "bfcl_NotesAPI_without_delete_note"]
+    assert printed.strip().endswith(f"wrote 4 environments and 4 scenarios to {out}")
+    # Classes that import a package outside the standard library (MathAPI's mpmath) declare it, at the
+    # version bfcl-eval's own metadata requires.
+    assert json.loads((out / "bfcl_CounterAPI-CalcAPI" / "env.json").read_text())["requirements"] == ["mpmath==1.3.0"]
+    assert "requirements" not in json.loads((out / "bfcl_NotesAPI" / "env.json").read_text())
+    assert "multi_turn_base_2" not in printed
     # So is one whose ground truth the service could never replay: it breaks BFCL's own schema.
     assert ("SKIPPED multi_turn_base_3: its ground truth does not match BFCL's own schema: add_note: "
             "argument 'title': 5 is not of type 'string'") in printed
@@ -61,6 +76,7 @@ def test_ground_truth_calls_become_named_reference_solutions(imported: tuple[Pat
     line = (imported[0] / "bfcl_CounterAPI-NotesAPI" / "scenarios.jsonl").read_text().splitlines()[0]
     scenario = json.loads(line)
     assert scenario["scenario_id"] == "bfcl-multi-turn-base-0"
+    assert scenario["split"] == "multi_turn_base" and scenario["tags"] == ["bfcl"]
     assert scenario["reference_solution"] == [
         {"name": "add_note", "arguments": {"title": "todo", "text": "buy milk"}},
         {"name": "increment", "arguments": {"times": 3}},  # positional in BFCL's ground truth
@@ -71,10 +87,32 @@ def test_ground_truth_calls_become_named_reference_solutions(imported: tuple[Pat
                                                                         "Every ground-truth result appears among the calls"]
 
 
-def test_validate_replays_every_reference_solution_to_one(imported: tuple[Path, str]) -> None:
-    result = run("catalog", "validate", str(imported[0]))
+def test_validate_replays_every_reference_solution_to_one(imported: tuple[Path, str],
+                                                          mpmath_allowed: dict[str, str]) -> None:
+    result = _validate(imported[0], mpmath_allowed)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().endswith("3 environments, 3 scenarios, 0 problems")
+    assert result.stdout.strip().endswith("4 environments, 4 scenarios, 0 problems")
+
+
+def test_validate_names_a_requirement_the_operator_has_not_allowed(imported: tuple[Path, str]) -> None:
+    result = _validate(imported[0], {})
+    assert result.returncode == 1
+    assert ("PROBLEM bfcl_CounterAPI-CalcAPI: requirement_not_allowed: requirements[0]: 'mpmath==1.3.0' is not allowed "
+            "on this service (ENVFOUNDRY_ALLOWED_REQUIREMENTS allows nothing)") in result.stdout
+    assert result.stdout.strip().endswith("3 environments, 3 scenarios, 1 problems")
+
+
+def _validate(folder: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENVFOUNDRY_") or k == "ENVFOUNDRY_SANDBOX_IMAGE"}
+    return subprocess.run([sys.executable, "-m", "service.cli", "catalog", "validate", str(folder)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env={**env, **settings})
+
+
+def test_math_api_entries_are_served_with_mpmath(client: httpx.Client) -> None:
+    sid = new_session(client, scenario_id="bfcl-multi-turn-base-2")
+    assert call(client, sid, "square_root", {"number": 2.0})["observation"] == '{"result": 1.4142135623730951}'
+    call(client, sid, "increment", {})
+    assert client.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
 
 
 def test_each_bfcl_module_keeps_its_own_names_and_answers_as_bfcls_executor(client: httpx.Client) -> None:
@@ -114,6 +152,8 @@ def test_long_context_entries_load_the_long_context_state(client: httpx.Client) 
     assert call(client, sid, "delete_note", {"title": "archived 7"})["observation"] == '{"deleted": true}'
     titles = json.loads(call(client, sid, "list_titles")["observation"])["titles"]
     assert len(titles) == 50 and "welcome" in titles
+    long = client.get("/v1/scenarios", params={"split": "multi_turn_long_context", "tag": "bfcl"}).json()
+    assert [s["scenario_id"] for s in long["scenarios"]] == ["bfcl-multi-turn-long-context-0"]
 
 
 def test_categories_it_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:
@@ -132,4 +172,4 @@ def test_without_source_it_reads_the_installed_package_without_importing_it(tmp_
                              str(tmp_path / "out"), "--category", "multi_turn_base"],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"wrote 2 environments and 2 scenarios to {tmp_path / 'out'}")
+    assert result.stdout.strip().endswith(f"wrote 3 environments and 3 scenarios to {tmp_path / 'out'}")

@@ -302,3 +302,20 @@ async def test_mcp_requests_are_counted_and_logged_like_rest(server: Server, cli
     logged = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
     assert any(entry.get("route") == "/v1/sessions/{session_id}/mcp" and entry.get("session") == session_id
                for entry in logged)
+
+
+async def test_list_scenarios_pages_as_the_rest_listing_does(server: Server, client: httpx.Client) -> None:
+    everything = client.get("/v1/scenarios", params={"limit": 1000}).json()
+    async with Client(f"{server.url}/v1/mcp") as mcp:
+        seen: list[str] = []
+        arguments: dict[str, Any] = {"limit": 3}
+        while True:
+            listed = (await mcp.call_tool("list_scenarios", arguments)).structured_content
+            assert listed is not None and listed["total"] == everything["total"]
+            seen += [s["scenario_id"] for s in listed["scenarios"]]
+            if listed["next_cursor"] is None:
+                break
+            arguments = {"limit": 3, "cursor": listed["next_cursor"]}
+        refused = await mcp.call_tool("list_scenarios", {"limit": 5000})
+    assert seen == [s["scenario_id"] for s in everything["scenarios"]]
+    assert refused.is_error is True and "limit" in json.dumps(refused.structured_content)

@@ -55,6 +55,13 @@ def test_environments_created_on_one_replica_serve_on_another(tmp_path: Path, re
             assert "tally" in {e["env_id"] for e in on_b.get("/v1/environments").json()["environments"]}
             sid = on_b.post("/v1/sessions", json={"env_id": "tally"}).json()["session_id"]
             assert on_a.post(f"/v1/sessions/{sid}/calls", json={"name": "bump"}).json()["result"] == 1
+            # A scenario added on one replica is listed, filtered, by the other; and gone there once deleted.
+            assert on_a.post("/v1/scenarios", json={"scenario_id": "tally-1", "env_id": "tally", "task": "bump",
+                                                    "split": "test", "tags": ["tally"]}).status_code == 201
+            listed = on_b.get("/v1/scenarios", params={"split": "test", "tag": "tally"}).json()
+            assert [s["scenario_id"] for s in listed["scenarios"]] == ["tally-1"] and listed["total"] == 1
+            assert on_b.delete("/v1/scenarios/tally-1").status_code == 204
+            assert on_a.get("/v1/scenarios", params={"tag": "tally"}).json()["total"] == 0
     finally:
         a.stop()
         b.stop()

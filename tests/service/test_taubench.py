@@ -67,6 +67,8 @@ def test_every_split_becomes_scenarios_without_a_copy_of_the_database(imported: 
         "find_user", "get_order", "transfer_to_human_agents", "respond"]
     assert len(second["checklist"]) == 2 and "unchanged_is_correct" not in second  # it needs an answer
     assert found["taubench-shop-dev-0"]["unchanged_is_correct"] is True
+    assert {sid: (s["split"], s["tags"]) for sid, s in found.items()} == {
+        sid: (sid.split("-")[2], ["taubench", "shop"]) for sid in found}
 
 
 def test_validate_replays_every_reference_solution_to_one(imported: Path) -> None:
@@ -112,6 +114,8 @@ def test_every_split_is_served_beside_the_test_split(client: httpx.Client) -> No
     assert {s["scenario_id"] for s in listed} == {"taubench-shop-dev-0", "taubench-shop-test-0",
                                                   "taubench-shop-test-1", "taubench-shop-train-0"}
     problem(client.post("/v1/sessions", json={"scenario_id": "taubench-shop-dev-1"}), 404, "not-found")
+    test = client.get("/v1/scenarios", params={"split": "test", "tag": ["taubench", "shop"]}).json()
+    assert [s["scenario_id"] for s in test["scenarios"]] == ["taubench-shop-test-0", "taubench-shop-test-1"]
 
 
 def test_a_folder_that_is_not_a_checkout_is_a_plain_error(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ import pytest
 
 from sandbox.pool import WorkerPool
 from service.catalog import Environment
+from service.registry import env_code
 from synthesis import replay
 from synthesis.answers import Call, parse_checklist, parse_init_state, parse_solution
-from synthesis.skeleton import env_code, environment
+from synthesis.skeleton import environment
 from synthesis.sources import parse_check_func
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest
 

@@ -11,6 +11,7 @@ export type EnvironmentList = Schemas["EnvironmentList"];
 export type EnvironmentDetail = Schemas["EnvironmentDetail"];
 export type EnvironmentCreate = Schemas["EnvironmentCreate"];
 export type ScenarioList = Schemas["ScenarioList"];
+export type ScenarioSummary = Schemas["ScenarioSummary"];
 export type ScenarioDetail = Schemas["ScenarioDetail"];
 export type ScenarioCreate = Schemas["ScenarioCreate"];
 export type SessionCreate = Schemas["SessionCreate"];
@@ -108,8 +109,28 @@ export class EnvfoundryClient {
     await this.json("DELETE", `/v1/environments/${seg(envId)}`);
   }
 
-  listScenarios(envId: string): Promise<ScenarioList> {
-    return this.json("GET", `/v1/environments/${seg(envId)}/scenarios`);
+  /** One environment's scenarios by id, one page (without `limit`, as many as a page holds: 1000). */
+  listScenarios(envId: string, filter: Omit<ScenarioFilter, "env"> = {}): Promise<ScenarioList> {
+    return this.json("GET", `/v1/environments/${seg(envId)}/scenarios${query({ ...filter, env: undefined })}`);
+  }
+
+  /**
+   * One page of the scenarios served, by id, filtered by environment, split and tags (all given
+   * tags must be carried). Pass the page's `next_cursor` as `cursor`, with the same filters, for the
+   * next; `total` counts every page.
+   */
+  findScenarios(filter: ScenarioFilter = {}): Promise<ScenarioList> {
+    return this.json("GET", `/v1/scenarios${query(filter)}`);
+  }
+
+  /** Every scenario the filters select, by id, fetched a page (`limit`, default 500) at a time. */
+  async *iterScenarios(filter: Omit<ScenarioFilter, "cursor"> = {}): AsyncGenerator<ScenarioSummary> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.findScenarios({ limit: 500, ...filter, cursor });
+      yield* page.scenarios;
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor !== undefined);
   }
 
   getScenario(scenarioId: string): Promise<ScenarioDetail> {
@@ -243,10 +264,21 @@ export class EnvfoundryClient {
   }
 }
 
-function query(values: Record<string, number | undefined>): string {
+/** What `findScenarios` selects; `tag` may repeat (a scenario must carry every one). */
+export type ScenarioFilter = {
+  env?: string;
+  split?: string;
+  tag?: string | string[];
+  limit?: number;
+  cursor?: string;
+};
+
+function query(values: Record<string, number | string | string[] | undefined>): string {
   const params = new URLSearchParams();
   for (const [name, value] of Object.entries(values)) {
-    if (value !== undefined) params.set(name, String(value));
+    for (const one of Array.isArray(value) ? value : value === undefined ? [] : [value]) {
+      params.append(name, String(one));
+    }
   }
   return params.size ? `?${params}` : "";
 }

@@ -10,7 +10,7 @@ import { request as httpRequest } from "node:http";
 import { randomUUID } from "node:crypto";
 import { request as httpsRequest } from "node:https";
 
-import { EnvfoundryClient, type Once, type Reply } from "./client.js";
+import { EnvfoundryClient, type Once, type Reply, type ScenarioFilter } from "./client.js";
 import { ProblemError } from "./problem.js";
 
 export interface Case {
@@ -55,7 +55,8 @@ const ROUTES: Route[] = [
   ["POST", /^\/v1\/environments$/, (c, _, j) => c.createEnvironment(j as never)],
   ["GET", new RegExp(`^/v1/environments/${ID}$`), (c, [id]) => c.getEnvironment(id!)],
   ["DELETE", new RegExp(`^/v1/environments/${ID}$`), (c, [id]) => c.deleteEnvironment(id!)],
-  ["GET", new RegExp(`^/v1/environments/${ID}/scenarios$`), (c, [id]) => c.listScenarios(id!)],
+  ["GET", new RegExp(`^/v1/environments/${ID}/scenarios$`), (c, [id], _, __, q) => c.listScenarios(id!, filter(q))],
+  ["GET", /^\/v1\/scenarios$/, (c, _, __, ___, q) => c.findScenarios(filter(q))],
   ["GET", new RegExp(`^/v1/scenarios/${ID}$`), (c, [id]) => c.getScenario(id!)],
   ["DELETE", new RegExp(`^/v1/scenarios/${ID}$`), (c, [id]) => c.deleteScenario(id!)],
   ["POST", /^\/v1\/scenarios$/, (c, _, j) => c.createScenario(j as never)],
@@ -71,6 +72,13 @@ const ROUTES: Route[] = [
   ["POST", new RegExp(`^/v1/sessions/${ID}/score$`), (c, [id]) => c.score(id!)],
   ["POST", new RegExp(`^/v1/sessions/${ID}/fork$`), (c, [id], j, o) => c.fork(id!, j as never, o)],
 ];
+
+function filter(query: URLSearchParams): ScenarioFilter {
+  const limit = query.get("limit");
+  const pick = (name: string) => query.get(name) ?? undefined;
+  return { env: pick("env"), split: pick("split"), tag: query.getAll("tag"), cursor: pick("cursor"),
+           limit: limit === null ? undefined : Number(limit) };
+}
 
 export async function runConformance(baseUrl: string, cases: Case[], headers: Record<string, string> = {}): Promise<Outcome> {
   let last: Reply | undefined;

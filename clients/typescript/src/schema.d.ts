@@ -110,7 +110,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Scenarios */
+        /**
+         * List Scenarios
+         * @description One environment's scenarios, by id; as GET /v1/scenarios?env=env_id. Without `limit`, pages are as large as
+         *     they may be, so a client written before paging gets every scenario of an environment of up to that many.
+         */
         get: operations["list_scenarios_v1_environments__env_id__scenarios_get"];
         put?: never;
         post?: never;
@@ -127,7 +131,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * Find Scenarios
+         * @description The scenarios this tenant sees (the loaded catalogs' and its own), by id, filtered and a page at a time.
+         */
+        get: operations["find_scenarios_v1_scenarios_get"];
         put?: never;
         /** Create Scenario */
         post: operations["create_scenario_v1_scenarios_post"];
@@ -382,6 +390,11 @@ export interface components {
              * @default
              */
             introduction?: string;
+            /**
+             * Requirements
+             * @description Packages the code imports beyond the standard library (PEP 508: 'mpmath==1.3.0', 'pydantic>=2.7,<3'); each must be allowed by the service (ENVFOUNDRY_ALLOWED_REQUIREMENTS), which installs them once into a read-only layer only this environment's sandbox processes see.
+             */
+            requirements?: string[];
             /** Rules */
             rules?: string[];
             /**
@@ -405,6 +418,11 @@ export interface components {
             provenance?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Requirements
+             * @description Packages it declares (see EnvironmentCreate.requirements).
+             */
+            requirements?: string[];
             /** Rules */
             rules: string[];
             /**
@@ -535,6 +553,16 @@ export interface components {
             reference_solution?: components["schemas"]["ToolCallSpec"][] | null;
             /** Scenario Id */
             scenario_id?: string | null;
+            /**
+             * Split
+             * @description The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any.
+             */
+            split?: string | null;
+            /**
+             * Tags
+             * @description Labels to select scenarios by (e.g. a benchmark and its domain).
+             */
+            tags?: string[];
             /** Task */
             task: string;
         };
@@ -552,13 +580,41 @@ export interface components {
             reference_solution?: components["schemas"]["ToolCallSpec"][] | null;
             /** Scenario Id */
             scenario_id: string;
+            /**
+             * Split
+             * @description The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any.
+             */
+            split?: string | null;
+            /**
+             * Tags
+             * @description Labels to select scenarios by (e.g. a benchmark and its domain).
+             */
+            tags?: string[];
             /** Task */
             task: string;
         };
         /** ScenarioList */
         ScenarioList: {
-            /** Scenarios */
+            /**
+             * Next
+             * @description The next page's path and query (the same filters and limit); null on the last page.
+             */
+            next: string | null;
+            /**
+             * Next Cursor
+             * @description Pass as `cursor` for the next page; null on the last page.
+             */
+            next_cursor: string | null;
+            /**
+             * Scenarios
+             * @description This page, by scenario id.
+             */
             scenarios: components["schemas"]["ScenarioSummary"][];
+            /**
+             * Total
+             * @description Scenarios matching the filters, on every page.
+             */
+            total: number;
         };
         /** ScenarioSummary */
         ScenarioSummary: {
@@ -566,6 +622,16 @@ export interface components {
             env_id: string;
             /** Scenario Id */
             scenario_id: string;
+            /**
+             * Split
+             * @description The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any.
+             */
+            split?: string | null;
+            /**
+             * Tags
+             * @description Labels to select scenarios by (e.g. a benchmark and its domain).
+             */
+            tags?: string[];
             /** Task */
             task: string;
         };
@@ -1590,11 +1656,141 @@ export interface operations {
     };
     list_scenarios_v1_environments__env_id__scenarios_get: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only scenarios of this split. */
+                split?: string | null;
+                /** @description Only scenarios carrying this tag; repeat for all of several (at most 16). */
+                tag?: string[];
+                /** @description Scenarios per page, 1 to 1000. */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: string | null;
+            };
             header?: never;
             path: {
                 env_id: string;
             };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScenarioList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Quota exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
+    find_scenarios_v1_scenarios_get: {
+        parameters: {
+            query?: {
+                /** @description Only this environment's. */
+                env?: string | null;
+                /** @description Only scenarios of this split. */
+                split?: string | null;
+                /** @description Only scenarios carrying this tag; repeat for all of several (at most 16). */
+                tag?: string[];
+                /** @description Scenarios per page, 1 to 1000. */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: string | null;
+            };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         requestBody?: never;

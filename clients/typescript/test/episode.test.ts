@@ -19,6 +19,16 @@ interface ToolCall {
   arguments: Record<string, unknown>;
 }
 
+const WALLET_CODE = `class Wallet:
+    def __init__(self):
+        self.balance = 0
+
+    def deposit(self, amount: int) -> dict:
+        """Add money."""
+        self.balance += amount
+        return {"success": True, "data": self.balance}
+`;
+
 function referenceSolution(scenarioId: string): ToolCall[] {
   const lines = readFileSync(`${ROOT}catalog/library_circulation/scenarios.jsonl`, "utf8").split("\n").filter(Boolean);
   const scenario = lines.map((line) => JSON.parse(line)).find((s) => s.scenario_id === scenarioId);
@@ -33,6 +43,32 @@ describe("the typed client against a live server", () => {
     client = new EnvfoundryClient(server.url);
   });
   after(async () => server.stop());
+
+  test("pages through scenarios by cursor and filters them by split and tag", async () => {
+    const first = await client.findScenarios({ limit: 2 });
+    assert.equal(first.scenarios.length, 2);
+    assert.ok(first.next_cursor && first.next?.includes("cursor="));
+    const all = [];
+    for await (const s of client.iterScenarios({ limit: 3 })) all.push(s.scenario_id);
+    assert.equal(all.length, first.total);
+    assert.deepEqual(all, [...new Set(all)].sort());
+    const env = await client.listScenarios("library_circulation", { limit: 2 });
+    assert.ok(env.scenarios.every((s) => s.env_id === "library_circulation") && env.total >= 4);
+    await client.createEnvironment({ env_id: "ts-labels", class_name: "Wallet", code: WALLET_CODE });
+    try {
+      for (const [id, split] of [["ts-l-1", "test"], ["ts-l-2", "train"], ["ts-l-3", "test"]] as const) {
+        await client.createScenario({ scenario_id: id, env_id: "ts-labels", task: "t", split, tags: ["ts", split] });
+      }
+      const test_ = await client.findScenarios({ env: "ts-labels", split: "test", tag: ["ts", "test"] });
+      assert.deepEqual(test_.scenarios.map((s) => s.scenario_id), ["ts-l-1", "ts-l-3"]);
+      assert.deepEqual(test_.scenarios[0]!.tags, ["ts", "test"]);
+      await assert.rejects(client.findScenarios({ limit: 1001 }),
+                           (e: unknown) => e instanceof InvalidRequestError && e.detail.includes("limit"));
+    } finally {
+      for (const id of ["ts-l-1", "ts-l-2", "ts-l-3"]) await client.deleteScenario(id);
+      await client.deleteEnvironment("ts-labels");
+    }
+  });
 
   test("plays a whole episode: create, call, observe, fork, score, delete", async () => {
     const solution = referenceSolution("lib-001");

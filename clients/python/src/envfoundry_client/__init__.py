@@ -43,6 +43,7 @@ from envfoundry_client.models import (  # noqa: E402
     MessageReply,
     MessageStep,
     Scenario,
+    ScenarioPage,
     ScenarioSummary,
     Score,
     Session,
@@ -57,7 +58,7 @@ __all__ = [
     "AsyncClient", "CallError", "CallResult", "CallStep", "CheckItem", "CheckResult", "Client", "Conflict",
     "ConversationEnded", "EnvfoundryError", "Environment", "EnvironmentSummary", "Forbidden", "IdempotencyKeyReused",
     "InvalidEnvironment", "InvalidRequest", "MessageReply", "MessageStep", "NotConversation", "NotFound",
-    "PayloadTooLarge", "ProblemError", "ProtocolError", "QuotaExceeded", "Retry", "Scenario", "ScenarioSummary",
+    "PayloadTooLarge", "ProblemError", "ProtocolError", "QuotaExceeded", "Retry", "Scenario", "ScenarioPage", "ScenarioSummary",
     "Score", "Session", "SessionBusy", "SessionInfo", "StateView", "Step", "ToolCall", "TrajectoryPage",
     "TransportError", "Unauthorized", "Unavailable", "UserLLMFailed", "UserLLMUnavailable",
 ]

@@ -37,8 +37,12 @@ def add_parsers(sub: Any) -> None:
     ro.add_argument("--scenario", action="append", default=[], metavar="ID", help="a scenario (repeatable)")
     ro.add_argument("--env", action="append", default=[], metavar="ENV_ID",
                     help="every scenario of an environment (repeatable); default: all scenarios")
+    ro.add_argument("--split", metavar="NAME",
+                    help="only scenarios of this split, e.g. test (tau-bench) or multi_turn_base (BFCL)")
+    ro.add_argument("--tag", action="append", default=[], metavar="TAG",
+                    help="only scenarios carrying this tag, e.g. retail (repeatable: all of them)")
     ro.add_argument("--prefix", default="", metavar="TEXT",
-                    help="only scenarios whose id starts with TEXT, e.g. a benchmark split: taubench-retail-test-")
+                    help="only scenarios whose id starts with TEXT, e.g. taubench-retail-test-")
     ro.add_argument("--mode", choices=["task", "conversation"], default="task")
     ro.add_argument("--tool-format", choices=["native", "prompt"], default="native",
                     help="native function calling, or tools in the system prompt and <tool_call> blocks in text")
@@ -76,7 +80,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                       temperature=args.temperature, max_tokens=args.max_tokens)
         try:
             async with AsyncClient(args.server, api_key=args.api_key) as ef:
-                scenarios = [s for s in await select(ef, args.scenario, args.env) if s.startswith(args.prefix)]
+                chosen = await select(ef, args.scenario, args.env, split=args.split, tags=args.tag)
+                scenarios = [s for s in chosen if s.startswith(args.prefix)]
                 if not scenarios:
                     raise EnvfoundryError("no scenario matches the selection")
                 progress = Progress(len(scenarios) * args.samples)

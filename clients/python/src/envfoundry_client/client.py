@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
@@ -18,7 +18,7 @@ from envfoundry_client import endpoints
 from envfoundry_client.endpoints import Operation
 from envfoundry_client.errors import TransportError
 from envfoundry_client.exchange import Config, Retry, config, read, request_kwargs, should_retry
-from envfoundry_client.models import Step
+from envfoundry_client.models import ScenarioSummary, Step
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -91,6 +91,17 @@ class Client:
             if not page.steps or offset >= page.total:
                 return
 
+    def iter_scenarios(self, *, env_id: str | None = None, split: str | None = None, tags: Sequence[str] = (),
+                       page_size: int = PAGE) -> Iterator[ScenarioSummary]:
+        """Every scenario the filters select (as ``find_scenarios``), by id, fetched a page at a time."""
+        cursor = None
+        while True:
+            page = self.find_scenarios(env_id=env_id, split=split, tags=tags, limit=page_size, cursor=cursor)
+            yield from page.scenarios
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
     def close(self) -> None:
         self._http.close()
 
@@ -106,6 +117,7 @@ class Client:
     create_environment = _sync(endpoints.create_environment)
     delete_environment = _sync(endpoints.delete_environment)
     list_scenarios = _sync(endpoints.list_scenarios)
+    find_scenarios = _sync(endpoints.find_scenarios)
     get_scenario = _sync(endpoints.get_scenario)
     create_scenario = _sync(endpoints.create_scenario)
     delete_scenario = _sync(endpoints.delete_scenario)
@@ -161,6 +173,18 @@ class AsyncClient:
             if not page.steps or offset >= page.total:
                 return
 
+    async def iter_scenarios(self, *, env_id: str | None = None, split: str | None = None, tags: Sequence[str] = (),
+                             page_size: int = PAGE) -> AsyncIterator[ScenarioSummary]:
+        """Every scenario the filters select (as ``find_scenarios``), by id, fetched a page at a time."""
+        cursor = None
+        while True:
+            page = await self.find_scenarios(env_id=env_id, split=split, tags=tags, limit=page_size, cursor=cursor)
+            for scenario in page.scenarios:
+                yield scenario
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -176,6 +200,7 @@ class AsyncClient:
     create_environment = _async(endpoints.create_environment)
     delete_environment = _async(endpoints.delete_environment)
     list_scenarios = _async(endpoints.list_scenarios)
+    find_scenarios = _async(endpoints.find_scenarios)
     get_scenario = _async(endpoints.get_scenario)
     create_scenario = _async(endpoints.create_scenario)
     delete_scenario = _async(endpoints.delete_scenario)

@@ -9,7 +9,7 @@ call and the service answers a repeat with the first response instead of applyin
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -23,6 +23,7 @@ from envfoundry_client.models import (
     MessageReply,
     Mode,
     Scenario,
+    ScenarioPage,
     ScenarioSummary,
     Score,
     Session,
@@ -87,13 +88,20 @@ def get_environment(env_id: str) -> Operation[Environment]:
 
 
 def create_environment(env_id: str, class_name: str, code: str, *, summary: str = "", introduction: str = "",
-                       rules: list[str] | None = None) -> Operation[Environment]:
+                       rules: list[str] | None = None, requirements: list[str] | None = None) -> Operation[Environment]:
     """Add an environment from its class source; the service validates it in the sandbox.
 
-    Raises ``InvalidEnvironment`` (the code fails to load) or ``Conflict`` (the id holds other code).
+    ``requirements``: packages the code imports beyond the standard library (PEP 508, e.g.
+    ``"mpmath==1.3.0"``), each allowed by the service's operator.
+
+    Raises ``InvalidEnvironment`` (the code fails to load; an import it does not declare; a
+    requirement not allowed or not installable: ``reason`` says which) or ``Conflict`` (the id
+    holds other code).
     """
-    body = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
-            "introduction": introduction, "rules": list(rules or [])}
+    body: dict[str, object] = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
+                               "introduction": introduction, "rules": list(rules or [])}
+    if requirements:
+        body["requirements"] = list(requirements)
     return Operation("POST", "/v1/environments", Environment.from_json, body, status=201)
 
 
@@ -103,9 +111,22 @@ def delete_environment(env_id: str) -> Operation[None]:
 
 
 def list_scenarios(env_id: str) -> Operation[list[ScenarioSummary]]:
-    """The scenarios of one environment, by id. Raises ``NotFound`` for an unknown environment."""
+    """The scenarios of one environment, by id: as many as one page holds (1000); ``iter_scenarios``
+    reads past that. Raises ``NotFound`` for an unknown environment."""
     return _get(f"/v1/environments/{_seg(env_id)}/scenarios",
                 lambda b: [ScenarioSummary.from_json(s) for s in b["scenarios"]])
+
+
+def find_scenarios(*, env_id: str | None = None, split: str | None = None, tags: Sequence[str] = (),
+                   limit: int | None = None, cursor: str | None = None) -> Operation[ScenarioPage]:
+    """One page of the scenarios served, by id: of ``env_id``, in ``split``, carrying every one of ``tags``
+    (each filter when given). Pass the page's ``next_cursor`` as ``cursor`` for the next one, with the same
+    filters. Raises ``NotFound`` (unknown environment), ``InvalidRequest`` (a bad label, limit or cursor)."""
+    params: dict[str, Any] = {k: v for k, v in (("env", env_id), ("split", split), ("limit", limit),
+                                                ("cursor", cursor)) if v is not None}
+    if tags:
+        params["tag"] = list(tags)
+    return _get("/v1/scenarios", ScenarioPage.from_json, params or None)
 
 
 def get_scenario(scenario_id: str) -> Operation[Scenario]:
@@ -115,10 +136,16 @@ def get_scenario(scenario_id: str) -> Operation[Scenario]:
 
 def create_scenario(env_id: str, task: str, *, init_config: JSON | None = None,
                     checklist: list[CheckItem] | None = None, reference_solution: list[ToolCall] | None = None,
-                    scenario_id: str | None = None) -> Operation[Scenario]:
-    """Add a scenario to an environment (the service picks an id unless given). Raises ``NotFound``."""
+                    scenario_id: str | None = None, split: str | None = None,
+                    tags: Sequence[str] = ()) -> Operation[Scenario]:
+    """Add a scenario to an environment (the service picks an id unless given), optionally in a ``split``
+    and with ``tags``. Raises ``NotFound``, ``InvalidRequest`` (a bad label names ``split`` or ``tags``)."""
     body: JSON = {"env_id": env_id, "task": task, "init_config": init_config or {},
                   "checklist": [c.to_json() for c in checklist or []]}
+    if split is not None:
+        body["split"] = split
+    if tags:
+        body["tags"] = list(tags)
     if reference_solution is not None:
         body["reference_solution"] = [c.to_json() for c in reference_solution]
     if scenario_id is not None:
@@ -225,5 +252,5 @@ def delete_session(session_id: str) -> Operation[None]:
 
 
 ENDPOINTS = (health, list_environments, get_environment, create_environment, delete_environment, list_scenarios,
-             get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
+             find_scenarios, get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
              state, trajectory, score, fork, delete_session)

@@ -50,12 +50,13 @@ class Environment:
     tools: list[JSON] = field(repr=False)
     source: str = field(default="", repr=False)
     provenance: JSON | None = field(default=None, repr=False)
+    requirements: list[str] = field(default_factory=list)  # packages it declares beyond the standard library
 
     @classmethod
     def from_json(cls, body: JSON) -> Environment:
         return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), str(body["introduction"]),
                    [str(r) for r in body["rules"]], list(body["tools"]), str(body.get("source", "")),
-                   body.get("provenance"))
+                   body.get("provenance"), [str(r) for r in body.get("requirements") or []])
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,27 @@ class ScenarioSummary:
     scenario_id: str
     env_id: str
     task: str
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, body: JSON) -> ScenarioSummary:
-        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]))
+        return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]), _str_or_none(body.get("split")),
+                   tuple(str(t) for t in body.get("tags") or ()))
+
+
+@dataclass(frozen=True)
+class ScenarioPage:
+    """One page of a scenario listing: ``next_cursor`` continues it (None on the last page)."""
+
+    scenarios: list[ScenarioSummary]
+    total: int
+    next_cursor: str | None = None
+
+    @classmethod
+    def from_json(cls, body: JSON) -> ScenarioPage:
+        return cls([ScenarioSummary.from_json(s) for s in body["scenarios"]],
+                   int(body.get("total", len(body["scenarios"]))), _str_or_none(body.get("next_cursor")))
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ class Scenario:
     init_config: JSON = field(repr=False)
     checklist: list[CheckItem] = field(repr=False)
     reference_solution: list[ToolCall] | None = field(default=None, repr=False)
+    split: str | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, body: JSON) -> Scenario:
@@ -102,7 +122,8 @@ class Scenario:
         return cls(str(body["scenario_id"]), str(body["env_id"]), str(body["task"]), dict(body["init_config"]),
                    [CheckItem(str(c["item"]), str(c["check"])) for c in body["checklist"]],
                    None if solution is None else [ToolCall(str(c["name"]), dict(c.get("arguments") or {}))
-                                                  for c in solution])
+                                                  for c in solution],
+                   _str_or_none(body.get("split")), tuple(str(t) for t in body.get("tags") or ()))
 
 
 @dataclass(frozen=True)

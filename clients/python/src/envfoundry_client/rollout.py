@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -178,17 +178,21 @@ async def _score_or_empty(ef: AsyncClient, ep: Episode) -> JSON:
         return ep.score
 
 
-async def select(ef: AsyncClient, scenario_ids: list[str], env_ids: list[str]) -> list[str]:
-    """The scenarios named, or those of the environments named, or every scenario served."""
+async def select(ef: AsyncClient, scenario_ids: list[str], env_ids: list[str], *, split: str | None = None,
+                 tags: Sequence[str] = ()) -> list[str]:
+    """The scenarios named, or those the service selects: of the environments named (default: all), in
+    ``split`` and carrying every one of ``tags`` when given."""
     if scenario_ids:
+        if split is not None or tags:
+            raise EnvfoundryError("name scenarios or select them by split and tag, not both")
         for sid in scenario_ids:
             await ef.get_scenario(sid)  # an unknown id fails here, before any episode runs
         return list(dict.fromkeys(scenario_ids))
-    envs = env_ids or [e.env_id for e in await ef.list_environments()]
     chosen: list[str] = []
+    envs: list[str | None] = [*env_ids] or [None]  # None: every environment, in one listing
     for env_id in envs:
-        chosen.extend(s.scenario_id for s in await ef.list_scenarios(env_id))
-    return chosen
+        chosen.extend([s.scenario_id async for s in ef.iter_scenarios(env_id=env_id, split=split, tags=tags)])
+    return list(dict.fromkeys(chosen))
 
 
 async def rollout(ef: AsyncClient, llm: ChatLLM, scenario_ids: list[str], options: RolloutOptions, out: Path,
