@@ -48,10 +48,11 @@ class Figures:
     workers: int
     processes: int
     keys: int
+    bases: int  # shared initial states: kept until their TTL, not by any one session
 
     def line(self) -> str:
         return (f"RSS {self.rss_kib / 1024:.1f} MiB, {self.fds} fds, {self.workers} workers, "
-                f"{self.processes} sandbox processes, {self.keys} Redis keys")
+                f"{self.processes} sandbox processes, {self.keys} Redis keys and {self.bases} shared bases")
 
 
 def measure(server: Server, store: redis.Redis, prefix: str) -> Figures:
@@ -70,7 +71,9 @@ def measure(server: Server, store: redis.Redis, prefix: str) -> Figures:
         fds=proctree.open_descriptors(pid),
         workers=len(proctree.workers(pid)),
         processes=len(proctree.descendants(pid)),
-        keys=sum(1 for _ in store.scan_iter(match=f"{prefix}:*", count=1000)),
+        keys=sum(1 for key in store.scan_iter(match=f"{prefix}:*", count=1000)
+                 if not key.startswith(f"{prefix}:base:".encode())),
+        bases=sum(1 for _ in store.scan_iter(match=f"{prefix}:base:*", count=1000)),
     )
 
 
@@ -122,6 +125,8 @@ def test_create_call_delete_cycles_leave_memory_descriptors_workers_and_keys_fla
     # a worker recycled near the end may not have started its environment host yet: fewer, never more
     assert after.processes <= before.processes, (before, after)
     assert before.keys == 0 and after.keys == 0, "deleted sessions left keys behind"
+    # every cycle starts from the same initial state: one base, shared and refreshed, never more
+    assert before.bases == after.bases == 1, (before, after)
 
 
 def main() -> int:
