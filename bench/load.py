@@ -38,10 +38,13 @@ function request()
   return requests[(sent - 1) %% #requests + 1]
 end
 
+%(done)s"""
+# wrk's summary as one JSON line: every script that drives wrk ends with it (see ``sample``).
+DONE = """
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format('%(mark)s{"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, ' ..
-    '"errors": %%d, "non_2xx": %%d}\\n', summary.requests, summary.duration, latency:percentile(50),
+  io.write(string.format('""" + MARK + """{"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, ' ..
+    '"errors": %d, "non_2xx": %d}\\n', summary.requests, summary.duration, latency:percentile(50),
     latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
 end
 """
@@ -86,7 +89,7 @@ def run(url: str, paths: list[str], bodies: list[str], connections: int, seconds
     if len(paths) < connections:
         raise ValueError(f"{connections} connections need {connections} paths (one session each), got {len(paths)}")
     script = SCRIPT % {"paths": ", ".join(_lua_string(p) for p in paths[:connections]),
-                       "bodies": ", ".join(_lua_string(b) for b in bodies), "mark": MARK}
+                       "bodies": ", ".join(_lua_string(b) for b in bodies), "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()
@@ -95,6 +98,11 @@ def run(url: str, paths: list[str], bodies: list[str], connections: int, seconds
              "-d", f"{seconds}s",
              "--timeout", "30s", "-s", lua.name, url],
             capture_output=True, text=True, timeout=seconds + 60, check=False)
+    return sample(out)
+
+
+def sample(out: subprocess.CompletedProcess[str]) -> Sample:
+    """The figures a wrk run printed with ``DONE``. Raises RuntimeError if it failed."""
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith(MARK)), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")

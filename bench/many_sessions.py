@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import MARK, require_tools  # noqa: E402
+from bench.load import DONE, require_tools, sample  # noqa: E402
 from bench.servers import launch_service  # noqa: E402
 
 BODY = json.dumps({"name": "get_member", "arguments": {"member_id": "M002"}})
@@ -57,13 +57,7 @@ function request()
   return wrk.format("POST", "/v1/sessions/" .. mine[turn] .. "/calls", {["Content-Type"] = "application/json"}, body)
 end
 
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('%(mark)s{"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, ' ..
-    '"errors": %%d, "non_2xx": %%d}\\n', summary.requests, summary.duration, latency:percentile(50),
-    latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
-end
-"""
+%(done)s"""
 
 
 def make_sessions(http: httpx.Client, count: int) -> list[str]:
@@ -79,19 +73,16 @@ def make_sessions(http: httpx.Client, count: int) -> list[str]:
 def drive(url: str, sessions: list[str], connections: int, seconds: int, cpu: int) -> dict[str, float]:
     shares = [sessions[i::connections] for i in range(connections)]
     lua_shares = ", ".join("{" + ", ".join(f'"{s}"' for s in share) + "}" for share in shares)
-    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "mark": MARK}
+    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()
         out = subprocess.run(["taskset", "-c", str(cpu), "wrk", "-t", str(connections), "-c", str(connections),
                               "-d", f"{seconds}s", "--timeout", "30s", "-s", lua.name, url],
                              capture_output=True, text=True, timeout=seconds + 120, check=False)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith(MARK)), None)
-    if out.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
-    raw = json.loads(line[len(MARK):])
-    return {"per_second": raw["requests"] / (raw["duration_us"] / 1e6), "p50_ms": raw["p50_us"] / 1000,
-            "p99_ms": raw["p99_us"] / 1000, "failed": raw["errors"] + raw["non_2xx"]}
+    figures = sample(out)
+    return {"per_second": figures.per_second, "p50_ms": figures.p50_ms, "p99_ms": figures.p99_ms,
+            "failed": figures.errors + figures.non_2xx}
 
 
 def session_calls(http: httpx.Client) -> dict[str, float]:
