@@ -42,7 +42,8 @@ STDOUT = 1
 # What the sandbox image holds; its digest is baked into the image as a label.
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
                  "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
-                 "parts.py", "deltas.py", "memory.py", "landlock.py")
+                 "parts.py", "deltas.py", "memory.py", "landlock.py", "watch.py",
+                 "readonly.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 

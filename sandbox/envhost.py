@@ -49,6 +49,7 @@ from sandbox.forks import (
     reap,
     spawn_spare,
 )
+from sandbox.readonly import ReadOnly
 from sandbox.resident import LiveSession, instantiate, public_state, resolver
 
 
@@ -160,9 +161,10 @@ class EnvHost:
     """
 
     def __init__(self, module: types.ModuleType, cls: type, limits: WorkerLimits,
-                 prebuilt: LiveSession | None = None) -> None:
+                 prebuilt: LiveSession | None = None, readonly: ReadOnly | None = None) -> None:
         self.module = module
         self.cls = cls
+        self.readonly = readonly
         self.limits = limits
         self.spare: Spare | None = None
         self.prebuilt = prebuilt  # the instance every fork starts from, in a template
@@ -216,7 +218,7 @@ class EnvHost:
     def live(self, request: dict[str, Any]) -> LiveSession:
         """The instance a session's resident process serves (built in the fork, from its first
         request, unless this host is a template and holds it built already)."""
-        return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls)
+        return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls, self.readonly)
 
     def start_template(self, message: dict[str, Any]) -> tuple[int, int]:
         """Fork a template host: it builds the instance of ``message`` within its timeout (else the
@@ -224,7 +226,7 @@ class EnvHost:
 
         def run(sock: socket.socket) -> None:  # pragma: no cover - runs in the template
             detach_standard_streams()
-            live = LiveSession(self.module, self.cls)
+            live = LiveSession(self.module, self.cls, self.readonly)
             try:
                 _within_deadline(lambda: live.prepare(message), float(message.get("timeout", DEFAULT_TIMEOUT)),
                                  self.limits.output_bytes, "initialise")
@@ -236,7 +238,7 @@ class EnvHost:
                 return
             channel.send(sock, {"ok": True, "digest": live.digest})
             gc.freeze()
-            EnvHost(self.module, self.cls, self.limits, prebuilt=live).serve(sock)
+            EnvHost(self.module, self.cls, self.limits, prebuilt=live, readonly=self.readonly).serve(sock)
 
         return fork_host(run)
 
@@ -345,8 +347,9 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
             channel.send(sock, {"ok": True})
             # Objects that exist now are shared with every fork; kept out of the collector's
             # walks, forks do not copy the pages holding them just to count references.
+            readonly = ReadOnly(module, spec["code"], cls)  # proven once, for every session here
             gc.freeze()
-            EnvHost(module, cls, limits).serve(sock)
+            EnvHost(module, cls, limits, readonly=readonly).serve(sock)
 
     return fork_host(run)
 

@@ -18,18 +18,22 @@ import decimal
 import enum
 import gc
 import json
+import marshal
 import operator
 import pickle
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
-from sandbox import codec, view
+from sandbox import codec, view, watch
 from sandbox.stateformat import TAG, pointer
 
 _PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.time, dt.timedelta,
                     decimal.Decimal, bytes})
 _CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+_STR = frozenset({str})
+# A watched dict's entries that changed (key and bytes), its slices, and whether its keys changed.
+_EntryChanges = tuple[list[tuple[str, bytes]], list[bytes], bool]
 
 
 def blob(value: Any) -> bytes:
@@ -79,11 +83,12 @@ def _shown_key(key: str) -> str:
 
 @dataclass
 class Part:
-    blob: bytes
+    blob: bytes  # pickle bytes, or marshal bytes while the parts are watched
     member: str  # the part as a member of its object: '"key":text'
     encoded: Any
     depth: int
     entries: dict[str, Part] | None = None  # for a plain dict: each entry's part
+    slices: list[bytes] | None = None  # watched: its entries' bytes, ``watch.CHUNK`` at a time
     _shown: Any = field(default=None, repr=False)
 
     @property
@@ -93,24 +98,50 @@ class Part:
         return self._shown
 
 
+class Unwatched(Exception):
+    """The watch cannot tell what a call changed: the caller encodes the whole state."""
+
+
 class Parts:
     """The parts of a tree state's encoding, as of the last state they were made or updated from."""
 
     def __init__(self, env_module: str, state: dict[str, Any], encoded: dict[str, Any]) -> None:
-        """From a state and its encoding (parsed); the caller knows the state is a tree."""
+        """From a state (the instance's attributes, as ``public_state`` lists them) and its encoding
+        (parsed); the caller knows the state is a tree."""
         self.env_module = env_module
+        tops = list(state.values())
+        # Watched (see ``sandbox.watch``): plain data, each object held by its slot alone.
+        self.watched = watch.held_once(tops, 2)
+        del tops
         self.parts = {name: self._part(name, value, encoded[name], 1) for name, value in state.items()}
 
+    def _blob(self, value: Any) -> bytes:
+        data = watch.dumps(value) if self.watched else blob(value)
+        if data is None:
+            raise Unwatched
+        return data
+
     def _part(self, key: str, value: Any, encoded: Any, depth: int, data: bytes | None = None) -> Part:
-        part = Part(blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth)
         if depth == 1 and _plain_dict(value) and isinstance(encoded, dict):
-            part.entries = {k: self._part(k, item, encoded[k], 2) for k, item in value.items()}
-        return part
+            values = list(value.values())
+            blobs = (watch.entries(values) if self.watched else list(map(blob, values))) or []
+            if len(blobs) != len(values):
+                raise Unwatched
+            entries = {k: Part(item_blob, f"{_dumps(k)}:{_dumps(encoded[k])}", encoded[k], 2)
+                       for (k, item_blob) in zip(value, blobs, strict=True)}
+            slices = watch.slices(values) if self.watched else None
+            # (a watched dict's own bytes are never compared: its slices are)
+            data = b"" if self.watched else (blob(value) if data is None else data)
+            return Part(data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth, entries, slices)
+        return Part(self._blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth)
 
     def _encode(self, key: str, value: Any, depth: int, data: bytes) -> Part:
         encoder = codec.Encoder(self.env_module)
         encoder.depth = depth  # the codec's depth limit counts from the root of the state
-        return self._part(key, value, encoder.encode(value), depth, data)
+        encoded = encoder.encode(value)
+        # Watched bytes are taken now: the encoding holds the state's strings and numbers too, and
+        # marshal flags what has a second holder (see ``sandbox.watch``).
+        return self._part(key, value, encoded, depth, None if self.watched else data)
 
     def _changed(self, key: str, value: Any, old: Part | None, depth: int, data: bytes, path: str,
                  diff: dict[str, list[dict[str, Any]]]) -> Part:
@@ -136,7 +167,7 @@ class Parts:
         parts: dict[str, Part] = {}
         for name, value in state.items():
             old = self.parts.get(name)
-            data = blob(value)
+            data = self._blob(value)
             if old is not None and old.blob == data:
                 parts[name] = old
                 continue
@@ -151,13 +182,98 @@ class Parts:
         self.parts = parts
         return _joined(parts), diff
 
+    def watch(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]] | None:
+        """The text and diff of ``state`` after a call, found from the parts whose bytes changed
+        (see ``sandbox.watch``); None when nothing changed.
+
+        Raises:
+            Unwatched: the parts are not watched, or the call made the state something the
+                watch cannot vouch for (an object held twice, a type it does not write).
+            codec.CodecError: a changed part cannot be encoded (nothing is updated then).
+        """
+        if not self.watched or list(state) != list(self.parts):
+            raise Unwatched
+        changes = self._changes(state)
+        if not changes:
+            return None
+        # The objects of the parts that changed must be held once too (see ``sandbox.watch``).
+        whole = [state[name] for name, change in changes.items() if change is None]
+        if not watch.held_once(whole, 2) or not all(
+                watch.held_once([state[name][key] for key, _ in change[0]], 1)
+                for name, change in changes.items() if change is not None):
+            raise Unwatched
+        del whole
+        diff: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+        parts = dict(self.parts)
+        for name, change in changes.items():
+            old = self.parts[name]
+            if change is None:
+                parts[name] = self._changed(name, state[name], old, 1, self._blob(state[name]),
+                                            pointer("", _shown_key(name)), diff)
+            else:
+                parts[name] = self._watched_entries(name, state[name], old, change, diff)
+        self.parts = parts
+        return _joined(parts), diff
+
+    def _changes(self, state: dict[str, Any]) -> dict[str, _EntryChanges | None]:
+        """The attributes whose bytes changed, in the state's order: None for one to encode whole,
+        else what changed among its entries. (A function of its own, so that no variable of it
+        still holds a part when the counts are checked.)"""
+        tops = list(state.values())
+        if not watch.tops_held_once(tops, 2):
+            raise Unwatched
+        del tops
+        changes: dict[str, _EntryChanges | None] = {}
+        for name, value in state.items():
+            old = self.parts[name]
+            if old.entries is not None and type(value) is dict:
+                found = _watch_entries(value, old)
+                if found[0] or found[2]:
+                    changes[name] = found
+            elif (data := watch.dumps(value)) is None:
+                raise Unwatched
+            elif data != old.blob:
+                changes[name] = None
+        return changes
+
+    def _watched_entries(self, name: str, value: dict[str, Any], old: Part, change: _EntryChanges,
+                         diff: dict[str, list[dict[str, Any]]]) -> Part:
+        assert old.entries is not None
+        changed, slices, moved = change
+        path = pointer("", _shown_key(name))
+        entries = dict(old.entries)
+        for key, data in changed:
+            before = old.entries.get(key)
+            part = self._changed(key, value[key], before, 2, data, pointer(path, _shown_key(key)), diff)
+            if before is not None and before.member == part.member:
+                # The same text (only who holds a string changed): the part stays, for the delta,
+                # holding what the new bytes were taken with.
+                before.blob, before.encoded = part.blob, part.encoded
+                part = before
+            entries[key] = part
+        if moved:  # entries were added or removed: follow the dict's order
+            for key, before in old.entries.items():
+                if key not in value:
+                    diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
+            entries = {key: entries[key] for key in value}
+        values = list(value.values())
+        if moved:
+            slices = watch.slices(values) or []
+        else:  # the slices of the changed entries, again after their encoding
+            index = {key: n for n, key in enumerate(value)} if changed else {}
+            for chunk in {index[key] // watch.CHUNK for key, _ in changed}:
+                slices[chunk] = marshal.dumps(values[chunk * watch.CHUNK:(chunk + 1) * watch.CHUNK])
+        del values
+        encoded = {key: part.encoded for key, part in entries.items()}
+        return Part(b"", f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries, slices)
+
     def _entries(self, name: str, value: dict[str, Any], old: Part, data: bytes, path: str,
                  diff: dict[str, list[dict[str, Any]]]) -> Part:
         assert old.entries is not None
         entries: dict[str, Part] = {}
         for key, item in value.items():
             before = old.entries.get(key)
-            item_data = blob(item)
+            item_data = self._blob(item)
             if before is not None and before.blob == item_data:
                 entries[key] = before
                 continue
@@ -166,7 +282,46 @@ class Parts:
             if key not in value:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
         encoded = {key: part.encoded for key, part in entries.items()}
-        return Part(data, f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries)
+        slices = watch.slices(list(value.values())) if self.watched else None
+        return Part(b"" if self.watched else data, f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries, slices)
+
+
+def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:
+    """The entries of a watched dict whose bytes changed (or that are new), with their bytes; the
+    dict's slices; and whether its keys changed (entries added, removed or moved).
+
+    Raises:
+        Unwatched: an entry is held twice, or holds what the watch does not write.
+    """
+    assert old.entries is not None and old.slices is not None
+    if TAG in value or not _STR.issuperset(map(type, value)):
+        raise Unwatched
+    values = list(value.values())
+    if not watch.tops_held_once(values, 1):
+        raise Unwatched
+    keys = list(value)
+    slices = watch.slices(values)
+    if slices is None:
+        raise Unwatched
+    changed: list[tuple[str, bytes]] = []
+    if len(keys) == len(old.entries) and keys == list(old.entries):
+        for index in compress(range(len(slices)), map(operator.ne, slices, old.slices)):
+            start = index * watch.CHUNK
+            for key, item in zip(keys[start:start + watch.CHUNK], values[start:start + watch.CHUNK], strict=True):
+                data = watch.dumps(item)
+                if data is None:
+                    raise Unwatched
+                if data != old.entries[key].blob:
+                    changed.append((key, data))
+        return changed, slices, False
+    blobs = watch.entries(values)
+    if blobs is None:
+        raise Unwatched
+    for key, data in zip(keys, blobs, strict=True):
+        before = old.entries.get(key)
+        if before is None or before.blob != data:
+            changed.append((key, data))
+    return changed, slices, True
 
 
 def _compare(before: Any, after: Any, path: str, diff: dict[str, list[dict[str, Any]]]) -> None:

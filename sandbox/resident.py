@@ -14,6 +14,7 @@ stored), and the worker then ends the process. Standard library only.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import inspect
 import json
@@ -24,7 +25,8 @@ from typing import Any
 from sandbox import codec, view
 from sandbox.deltas import Delta
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
-from sandbox.parts import Parts, blob, shares
+from sandbox.parts import Parts, Unwatched, blob, shares
+from sandbox.readonly import ReadOnly
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
 UNTOUCHED = frozenset({UNKNOWN_TOOL, INVALID_ARGUMENTS})
@@ -86,9 +88,10 @@ def fingerprint(state: dict[str, Any]) -> bytes | None:
 class LiveSession:
     """One session's instance of the environment class, and the stored form it was made from."""
 
-    def __init__(self, module: types.ModuleType, cls: type) -> None:
+    def __init__(self, module: types.ModuleType, cls: type, readonly: ReadOnly | None = None) -> None:
         self.module = module
         self.cls = cls
+        self.readonly = readonly  # the tools proven to change nothing (see ``sandbox.readonly``)
         self.instance: Any = None
         self.text = ""  # the stored (encoded) state the instance matches
         self.print: bytes | None = None  # its fingerprint
@@ -153,16 +156,66 @@ class LiveSession:
         self._remember(text, public_state(self.instance))
 
     def _remember(self, text: str, state: dict[str, Any]) -> None:
-        self.text, self.print, self.shown = text, fingerprint(state), None
+        self.text, self.shown = text, None
         self._split(text, state)
+        # (a watched state needs no fingerprint: its parts' bytes say what changed)
+        self.print = None if self.parts is not None and self.parts.watched else fingerprint(state)
 
     def _split(self, text: str, state: dict[str, Any]) -> None:
         self.parts = None if shares(state, self.module.__name__) else Parts(self.module.__name__, state, json.loads(text))
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        watched = self.parts is not None and self.parts.watched
+        reads = watched and self.readonly is not None and self.readonly.proven(request["name"])
+        result_view = self._run(request)
+        unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
+        if reads:  # a watched state holds builtin values only, which such a tool can but read
+            return unchanged
+        state = public_state(self.instance)
+        limit = _limit(request, "max_state_bytes", 1 << 24)
+        if watched and self.parts is not None:
+            before = self.parts.parts
+            try:
+                seen = self.parts.watch(state)
+            except Unwatched:
+                pass  # the whole state says, below
+            except codec.CodecError as exc:
+                raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
+            else:
+                if seen is None:
+                    return unchanged
+                return self._changed_parts(request, unchanged, before, *seen, None, limit)
+        after = fingerprint(state)
+        if after is not None and after == self.print:
+            return unchanged
+        # (no fingerprint: pickle refused a value, and the codec says which, below)
+        if self.parts is not None and not self.parts.watched and after is not None \
+                and not shares(state, self.module.__name__):
+            before = self.parts.parts
+            try:
+                text, change = self.parts.update(state)
+            except codec.CodecError as exc:
+                raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
+            return self._changed_parts(request, unchanged, before, text, change, after, limit)
+        self.delta = None
+        text = encode(state, self.module.__name__, limit)
+        if text == self.text:
+            self.print = after
+            return unchanged
+        before_view = self.shown if self.shown is not None else view.view_encoded(json.loads(self.text))
+        shown = view.view_encoded(json.loads(text))
+        self.text, self.shown = text, shown
+        self._split(text, state)
+        self.print = None if self.parts is not None and self.parts.watched else after
+        return {**unchanged, "state": text, "diff": view.diff(before_view, shown)}
+
+    def _run(self, request: dict[str, Any]) -> Any:
+        """The tool's result, as its view: nothing here keeps the result itself, which may be an
+        object of the state (a watched state counts who holds its objects)."""
         name = request["name"]
         method = _tool(self.cls, self.instance, name)
-        arguments = request.get("arguments") or {}
+        # A copy: a tool may keep an argument in the state, and the request must not hold it too.
+        arguments = copy.deepcopy(request.get("arguments") or {})
         try:
             inspect.signature(method).bind(**arguments)
         except TypeError as exc:
@@ -182,39 +235,20 @@ class LiveSession:
         limit = _limit(request, "max_result_bytes", 1 << 20)
         if size > limit:
             raise Failure(RESOURCE_LIMIT, f"the tool's result is {size} bytes, over the {limit} byte limit")
-        state = public_state(self.instance)
-        after = fingerprint(state)
-        if after is not None and after == self.print:
-            return {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
-        limit = _limit(request, "max_state_bytes", 1 << 24)
-        unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
-        # (no fingerprint: pickle refused a value, and the codec says which, below)
-        if self.parts is not None and after is not None and not shares(state, self.module.__name__):
-            before = self.parts.parts
-            try:
-                text, change = self.parts.update(state)
-            except codec.CodecError as exc:
-                raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
-            same = text == self.text
-            self.text, self.print, self.shown = _within(text, limit), after, None
-            if same:
-                return unchanged
-            answer = {"ok": True, "result": result_view, "error": None, "state": text, "diff": change}
-            if self.delta is not None and request.get("deltas") is True:
-                return self._as_delta(answer, before)
-            self.delta = None  # the service stores this whole state as the session's own
-            return answer
-        self.delta = None
-        text = encode(state, self.module.__name__, limit)
-        if text == self.text:
-            self.print = after
-            return unchanged
-        before = self.shown if self.shown is not None else view.view_encoded(json.loads(self.text))
-        shown = view.view_encoded(json.loads(text))
-        self.text, self.print, self.shown = text, after, shown
-        self._split(text, state)
-        return {"ok": True, "result": result_view, "error": None, "state": text, "diff": view.diff(before, shown)}
+        return result_view
 
+    def _changed_parts(self, request: dict[str, Any], unchanged: dict[str, Any], before: dict[str, Any],
+                       text: str, change: dict[str, Any], after: bytes | None, limit: int) -> dict[str, Any]:
+        """The answer to a call whose parts changed (``Parts.watch`` or ``Parts.update`` found which)."""
+        same = text == self.text
+        self.text, self.print, self.shown = _within(text, limit), after, None
+        if same:
+            return unchanged
+        answer = {**unchanged, "state": text, "diff": change}
+        if self.delta is not None and request.get("deltas") is True:
+            return self._as_delta(answer, before)
+        self.delta = None  # the service stores this whole state as the session's own
+        return answer
 
     def _as_delta(self, answer: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
         """A changed call's answer as the parts it changed; the whole state, as a new base, when

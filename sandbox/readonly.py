@@ -1,0 +1,358 @@
+"""Which tools provably change nothing, read from their source: a call to one of them on a
+watched state (see ``sandbox.watch``) needs no look at the state afterwards at all.
+
+The proof is deliberately narrow. On a watched state every object a tool can reach from
+``self`` and its arguments is a builtin value (``str``, numbers, ``dict``, ``list``, ``tuple``,
+``set``), whose behaviour is known; a tool is read-only when its code can only read them:
+
+- it names nothing but ``self``, its parameters, its own locals and a fixed set of builtins (no
+  module globals: one could hold a reference into the state, or be anything);
+- it assigns only to its locals; it stores into, or calls a changing method (``append``,
+  ``update``...) of, only locals it made itself (``[]``, ``{}``, ``dict(...)``, comprehensions),
+  and calls on anything else only methods that read (``get``, ``items``, ``lower``...);
+- it calls only those builtins, those methods, and methods of its class that are read-only too;
+- it reaches no dunder attribute, no property or other descriptor, no class attribute that is not
+  plain data; it has no decorator, ``global``, ``import``, ``with``, nested ``def`` or ``class``.
+
+Anything else, or any doubt, means "not proven", and the call's state is looked at as usual.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import types
+from typing import Any
+
+from sandbox.watch import CONTAINERS, LEAVES
+
+BUILTINS = frozenset({
+    "len", "str", "int", "float", "bool", "list", "dict", "set", "frozenset", "tuple", "sorted", "reversed",
+    "enumerate", "zip", "range", "min", "max", "sum", "any", "all", "abs", "round", "isinstance", "map",
+    "filter", "iter", "next", "repr", "divmod", "pow", "hash", "ord", "chr", "format",
+    "Exception", "ValueError", "KeyError", "TypeError", "IndexError", "LookupError", "RuntimeError",
+    "PermissionError", "NotImplementedError", "AssertionError",
+    "True", "False", "None",
+})
+# Methods of the builtin types that only read.
+READING = frozenset({
+    "get", "keys", "values", "items", "copy", "count", "index",
+    "startswith", "endswith", "lower", "upper", "strip", "lstrip", "rstrip", "split", "rsplit", "join",
+    "replace", "format", "find", "rfind", "isdigit", "isalpha", "isalnum", "isspace", "isnumeric",
+    "isdecimal", "islower", "isupper", "title", "capitalize", "casefold", "zfill", "partition", "rpartition",
+    "splitlines", "center", "ljust", "rjust", "removeprefix", "removesuffix", "swapcase", "expandtabs",
+    "union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
+    "conjugate", "bit_length", "is_integer",
+})
+# Methods that change their object: allowed on a container the tool made itself.
+CHANGING = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem", "sort",
+    "reverse", "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update",
+})
+_MADE = frozenset({"dict", "list", "set", "sorted"})
+# The builtins as they were before any environment code ran (this module is imported first).
+GENUINE = {name: getattr(builtins, name) for name in BUILTINS if name not in ("True", "False", "None")}  # calls that return a new container
+_STATEMENTS = (ast.Expr, ast.Return, ast.If, ast.For, ast.While, ast.Break, ast.Continue, ast.Pass,
+               ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Try, ast.Raise, ast.Assert, ast.Delete)
+
+
+class ReadOnly:
+    """The tools of a class proven read-only, and what the proof relied on: a call uses the proof
+    only while the class, the builtins and the module still hold what they held then (code that
+    ran since could have replaced a method, its code, a builtin or a class attribute)."""
+
+    def __init__(self, module: types.ModuleType, source: str, cls: type) -> None:
+        self.module = module
+        self.cls = cls
+        self.tools: frozenset[str] = frozenset()
+        self.looked: dict[str, Any] = {}
+        self.codes: list[tuple[types.FunctionType, types.CodeType]] = []
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return
+        if _custom_lookup(cls):
+            return
+        classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+        proof = _Proof(module, cls, classes)
+        self.tools = frozenset(name for name in dir(cls) if not name.startswith("_") and proof.method(name))
+        self.looked, self.codes = proof.looked, proof.codes
+
+    def proven(self, name: str) -> bool:
+        return name in self.tools and self._unchanged()
+
+    def _unchanged(self) -> bool:
+        if _custom_lookup(self.cls):
+            return False
+        for name, found in self.looked.items():
+            now = inspect.getattr_static(self.cls, name, _MISSING)
+            if now is not found or not (isinstance(now, types.FunctionType) or now is _MISSING or _builtin_data(now)):
+                return False
+        if any(function.__code__ is not code for function, code in self.codes):
+            return False
+        names = vars(self.module)
+        table = names.get("__builtins__", builtins)
+        table = vars(table) if isinstance(table, types.ModuleType) else table
+        return not any(name in names or table.get(name, _MISSING) is not GENUINE[name]
+                       for name in BUILTINS if name in GENUINE)
+
+
+def _custom_lookup(cls: type) -> bool:
+    for name in ("__getattribute__", "__getattr__"):
+        found = inspect.getattr_static(cls, name, None)
+        if found is not None and found is not getattr(object, name, None):
+            return True
+    return False
+
+
+class _Proof:
+    def __init__(self, module: types.ModuleType, cls: type, classes: dict[str, ast.ClassDef]) -> None:
+        self.module = module
+        self.cls = cls
+        self.classes = classes
+        self.known: dict[str, bool] = {}
+        self.looked: dict[str, Any] = {}  # class-level names looked up, and what they were
+        self.codes: list[tuple[types.FunctionType, types.CodeType]] = []
+
+    def method(self, name: str) -> bool:
+        if name not in self.known:
+            self.known[name] = False  # while it is being proven: a cycle proves nothing
+            self.known[name] = self._method(name)
+        return self.known[name]
+
+    def _method(self, name: str) -> bool:
+        owner = next((klass for klass in self.cls.__mro__ if name in vars(klass)), None)
+        if owner is None or owner is object:
+            return False
+        function = vars(owner)[name]
+        if not isinstance(function, types.FunctionType) or function.__module__ != self.module.__name__:
+            return False
+        node = self._definition(owner, name, function)
+        self.looked[name] = function
+        self.codes.append((function, function.__code__))
+        return node is not None and _Body(self, node).proven()
+
+    def _definition(self, owner: type, name: str,
+                    function: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        klass = self.classes.get(owner.__name__)
+        if klass is None or owner.__qualname__ != owner.__name__:
+            return None
+        found = [node for node in klass.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.name == name]
+        # The one definition there is, and the function the class holds now came from it.
+        if len(found) != 1 or found[0].lineno != function.__code__.co_firstlineno:
+            return None
+        return found[0]
+
+    def plain_attribute(self, name: str) -> bool | None:
+        """Whether ``self.name`` reads plain data: True for an instance attribute or a class
+        attribute of builtin values, None for a method (the caller proves it), False otherwise."""
+        found = inspect.getattr_static(self.cls, name, _MISSING)
+        if found is _MISSING:
+            self.looked[name] = found
+            return True  # an instance attribute: part of the state
+        if isinstance(found, types.FunctionType):
+            return None
+        if not _builtin_data(found):
+            return False
+        self.looked[name] = found
+        return True
+
+
+_MISSING = object()
+
+
+def _builtin_data(value: Any, depth: int = 0) -> bool:
+    kind = type(value)
+    if kind in LEAVES:
+        return True
+    if kind not in CONTAINERS or depth > 20:
+        return False
+    items = list(value.items()) if kind is dict else [(item, None) for item in value]
+    return all(_builtin_data(key, depth + 1) and _builtin_data(item, depth + 1) for key, item in items)
+
+
+class _Body:
+    """One function's proof."""
+
+    def __init__(self, proof: _Proof, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.proof = proof
+        self.node = node
+        self.params = _parameters(node.args)
+        self.made: set[str] = set()  # locals bound only to containers the tool made
+        self.numbers: set[str] = set()  # locals bound only to numbers and strings
+        self.local: set[str] = set()
+
+    def proven(self) -> bool:
+        args = self.node.args
+        if self.node.decorator_list or not args.args or args.args[0].arg != "self":
+            return False
+        if any(not isinstance(default, ast.Constant) for default in args.defaults + args.kw_defaults if default):
+            return False
+        if not self._bindings():
+            return False
+        return all(self._statement(statement) for statement in self.node.body)
+
+    def _bindings(self) -> bool:
+        """Sort the locals by what they are bound to; False when one shadows a builtin or ``self``."""
+        kinds: dict[str, set[str]] = {}
+
+        def bind(name: str, kind: str) -> None:
+            kinds.setdefault(name, set()).add(kind)
+
+        for node in ast.walk(self.node):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                kind = _value_kind(node.value)
+                for target in targets:
+                    for name in _names(target):
+                        bind(name, kind if isinstance(target, ast.Name) else "other")
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                bind(node.target.id, "augmented")
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                for name in _names(node.target):
+                    bind(name, "other")
+            elif isinstance(node, ast.NamedExpr):
+                bind(node.target.id, "other")
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                bind(node.name, "other")
+            elif isinstance(node, ast.Lambda):
+                for name in _parameters(node.args):
+                    bind(name, "other")
+        for name, found in kinds.items():
+            if name in BUILTINS or name == "self" or name in self.params:
+                return False
+            self.local.add(name)
+            if found <= {"made", "augmented"} and "made" in found:
+                self.made.add(name)
+            elif found <= {"number", "augmented"} and "number" in found:
+                self.numbers.add(name)
+        return True
+
+    def _statement(self, node: ast.stmt) -> bool:
+        if not isinstance(node, _STATEMENTS):
+            return False
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets: list[ast.AST] = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+            return all(self._target(target) for target in targets) and self._children(node, skip=targets)
+        if isinstance(node, ast.AugAssign):
+            target = node.target
+            if not isinstance(target, ast.Name) or target.id not in self.made | self.numbers:
+                return False
+            return self._expression(node.value)
+        if isinstance(node, ast.Delete):
+            return all(isinstance(target, ast.Name) or self._store_into_made(target) for target in node.targets)
+        if isinstance(node, ast.For):
+            return all(isinstance(name, ast.Name) for name in _name_nodes(node.target)) and \
+                self._children(node, skip=[node.target])
+        return self._children(node)
+
+    def _children(self, node: ast.AST, skip: list[ast.AST] | None = None) -> bool:
+        for child in ast.iter_child_nodes(node):
+            if skip and child in skip:
+                continue
+            if isinstance(child, ast.stmt):
+                if not self._statement(child):
+                    return False
+            elif isinstance(child, ast.ExceptHandler):
+                if child.type is not None and not self._expression(child.type):
+                    return False
+                if not all(self._statement(statement) for statement in child.body):
+                    return False
+            elif isinstance(child, ast.expr):
+                if not self._expression(child):
+                    return False
+        return True
+
+    def _target(self, target: ast.AST) -> bool:
+        if isinstance(target, ast.Name):
+            return True
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return all(self._target(item) for item in target.elts)
+        if isinstance(target, ast.Starred):
+            return self._target(target.value)
+        return self._store_into_made(target)
+
+    def _store_into_made(self, target: ast.AST) -> bool:
+        """``made[key] = ...``: a store into a container the tool made itself."""
+        return isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+            and target.value.id in self.made and self._expression(target.slice)
+
+    def _expression(self, node: ast.expr) -> bool:
+        for child in ast.walk(node):
+            if isinstance(child, (ast.Yield, ast.YieldFrom, ast.Await)):
+                return False
+            if isinstance(child, ast.Name) and not self._name(child):
+                return False
+            if isinstance(child, ast.Attribute) and not self._attribute(child):
+                return False
+            if isinstance(child, ast.Call) and not self._call(child):
+                return False
+            if isinstance(child, ast.comprehension) and not all(
+                    isinstance(name, ast.Name) for name in _name_nodes(child.target)):
+                return False
+            if isinstance(child, ast.Lambda) and (child.args.defaults or child.args.kw_defaults):
+                return False
+        return True
+
+    def _name(self, node: ast.Name) -> bool:
+        name = node.id
+        if name == "self" or name in self.params or name in self.local:
+            return True
+        # A builtin, unless the module defines the same name.
+        return name in BUILTINS and name not in vars(self.proof.module)
+
+    def _attribute(self, node: ast.Attribute) -> bool:
+        name = node.attr
+        if name.startswith("__"):
+            return False
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            plain = self.proof.plain_attribute(name)
+            return self.proof.method(name) if plain is None else plain
+        if name in CHANGING:
+            return isinstance(node.value, ast.Name) and node.value.id in self.made
+        return name in READING
+
+    def _call(self, node: ast.Call) -> bool:
+        func = node.func
+        if isinstance(func, ast.Name):
+            return func.id in BUILTINS or func.id in self.local  # a local can only be a lambda or a read
+        return isinstance(func, ast.Attribute)  # checked as an attribute
+
+
+def _parameters(args: ast.arguments) -> set[str]:
+    every = args.posonlyargs + args.args + args.kwonlyargs
+    names = {arg.arg for arg in every}
+    for extra in (args.vararg, args.kwarg):
+        if extra is not None:
+            names.add(extra.arg)
+    return names
+
+
+def _value_kind(value: ast.expr | None) -> str:
+    if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)):
+        return "made"
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _MADE:
+        return "made"
+    if isinstance(value, ast.Constant) and isinstance(value.value, (int, float, str)) \
+            and not isinstance(value.value, bool):
+        return "number"
+    return "other"
+
+
+def _names(target: ast.expr) -> list[str]:
+    return [node.id for node in _name_nodes(target)]
+
+
+def _name_nodes(target: ast.expr) -> list[ast.Name]:
+    if isinstance(target, ast.Name):
+        return [target]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for item in target.elts for name in _name_nodes(item)]
+    if isinstance(target, ast.Starred):
+        return _name_nodes(target.value)
+    if isinstance(target, (ast.Subscript, ast.Attribute)):
+        return []
+    return []
