@@ -21,7 +21,6 @@ import json
 import marshal
 import operator
 import pickle
-from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
@@ -32,8 +31,9 @@ _PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.
                     decimal.Decimal, bytes})
 _CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
 _STR = frozenset({str})
-# A watched dict's entries that changed (key and bytes), its slices, and whether its keys changed.
-_EntryChanges = tuple[list[tuple[str, bytes]], list[bytes], bool]
+# A watched dict's entries that changed (key and bytes), its slices, whether its keys changed, and
+# (when they did not) the slices holding the changed entries.
+_EntryChanges = tuple[list[tuple[str, bytes]], list[bytes], bool, list[int]]
 
 
 def blob(value: Any) -> bytes:
@@ -81,21 +81,55 @@ def _shown_key(key: str) -> str:
     return "$" + key if key[:1] == "$" else key  # as the view shows keys
 
 
-@dataclass
 class Part:
-    blob: bytes  # pickle bytes, or marshal bytes while the parts are watched
-    member: str  # the part as a member of its object: '"key":text'
-    encoded: Any
-    depth: int
-    entries: dict[str, Part] | None = None  # for a plain dict: each entry's part
-    slices: list[bytes] | None = None  # watched: its entries' bytes, ``watch.CHUNK`` at a time
-    _shown: Any = field(default=None, repr=False)
+    """An attribute, or an entry of an attribute that is a plain dict, and its encoding.
+
+    A dict of entries writes its member text and its encoded value from its entries' when asked
+    (a call that changed one entry of 20,000 need not join them all), and keeps its size in UTF-8
+    bytes up to date from theirs."""
+
+    __slots__ = ("key", "blob", "_member", "_encoded", "depth", "entries", "slices", "size", "_shown")
+
+    def __init__(self, key: str, blob: bytes, member: str | None, encoded: Any, depth: int,
+                 entries: dict[str, Part] | None = None, slices: list[bytes] | None = None,
+                 size: int | None = None) -> None:
+        self.key = key
+        self.blob = blob  # pickle bytes, or marshal bytes while the parts are watched
+        self._member = member  # the part as a member of its object: '"key":text'
+        self._encoded = encoded
+        self.depth = depth
+        self.entries = entries  # for a plain dict: each entry's part
+        self.slices = slices  # watched: its entries' bytes, ``watch.CHUNK`` at a time
+        self.size = len(self.member.encode()) if size is None else size
+        self._shown: Any = None
+
+    @property
+    def member(self) -> str:
+        if self._member is None:
+            assert self.entries is not None
+            self._member = f"{_dumps(self.key)}:{_joined(self.entries)}"
+        return self._member
+
+    @property
+    def encoded(self) -> Any:
+        if self._encoded is None and self.entries is not None:
+            self._encoded = {key: part.encoded for key, part in self.entries.items()}
+        return self._encoded
+
+    @encoded.setter
+    def encoded(self, value: Any) -> None:
+        self._encoded = value
 
     @property
     def shown(self) -> Any:
         if self._shown is None:
             self._shown = view.view_encoded_at(self.encoded, self.depth)
         return self._shown
+
+
+def _entries_size(key: str, entries: dict[str, Part]) -> int:
+    """The UTF-8 size of '"key":{entries}'."""
+    return len(_dumps(key).encode()) + 3 + sum(part.size for part in entries.values()) + max(0, len(entries) - 1)
 
 
 class Unwatched(Exception):
@@ -127,13 +161,14 @@ class Parts:
             blobs = (watch.entries(values) if self.watched else list(map(blob, values))) or []
             if len(blobs) != len(values):
                 raise Unwatched
-            entries = {k: Part(item_blob, f"{_dumps(k)}:{_dumps(encoded[k])}", encoded[k], 2)
+            entries = {k: Part(k, item_blob, f"{_dumps(k)}:{_dumps(encoded[k])}", encoded[k], 2)
                        for (k, item_blob) in zip(value, blobs, strict=True)}
             slices = watch.slices(values) if self.watched else None
             # (a watched dict's own bytes are never compared: its slices are)
             data = b"" if self.watched else (blob(value) if data is None else data)
-            return Part(data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth, entries, slices)
-        return Part(self._blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth)
+            return Part(key, data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth, entries, slices)
+        return Part(key, self._blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded,
+                    depth)
 
     def _encode(self, key: str, value: Any, depth: int, data: bytes) -> Part:
         encoder = codec.Encoder(self.env_module)
@@ -182,9 +217,17 @@ class Parts:
         self.parts = parts
         return _joined(parts), diff
 
-    def watch(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]] | None:
-        """The text and diff of ``state`` after a call, found from the parts whose bytes changed
-        (see ``sandbox.watch``); None when nothing changed.
+    def text(self) -> str:
+        return _joined(self.parts)
+
+    def size(self) -> int:
+        """The UTF-8 size of ``text()``, from the parts' sizes."""
+        return 2 + sum(part.size for part in self.parts.values()) + max(0, len(self.parts) - 1)
+
+    def watch(self, state: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+        """The diff of ``state`` after a call, found from the parts whose bytes changed (see
+        ``sandbox.watch``); None when nothing stored changed. The parts are updated: ``text()``
+        is the new state's.
 
         Raises:
             Unwatched: the parts are not watched, or the call made the state something the
@@ -207,13 +250,18 @@ class Parts:
         parts = dict(self.parts)
         for name, change in changes.items():
             old = self.parts[name]
-            if change is None:
-                parts[name] = self._changed(name, state[name], old, 1, self._blob(state[name]),
-                                            pointer("", _shown_key(name)), diff)
-            else:
+            if change is not None:
                 parts[name] = self._watched_entries(name, state[name], old, change, diff)
+                continue
+            part = self._changed(name, state[name], old, 1, b"", pointer("", _shown_key(name)), diff)
+            if part.entries is None and old.entries is None and part.member == old.member:
+                old.blob, old.encoded = part.blob, part.encoded  # (as for an entry: see below)
+                part = old
+            parts[name] = part
+        if all(parts[name] is self.parts[name] for name in changes):
+            return None
         self.parts = parts
-        return _joined(parts), diff
+        return diff
 
     def _changes(self, state: dict[str, Any]) -> dict[str, _EntryChanges | None]:
         """The attributes whose bytes changed, in the state's order: None for one to encode whole,
@@ -230,6 +278,8 @@ class Parts:
                 found = _watch_entries(value, old)
                 if found[0] or found[2]:
                     changes[name] = found
+                else:
+                    old.slices = found[1]  # (slices may differ where only who holds a string did)
             elif (data := watch.dumps(value)) is None:
                 raise Unwatched
             elif data != old.blob:
@@ -239,7 +289,7 @@ class Parts:
     def _watched_entries(self, name: str, value: dict[str, Any], old: Part, change: _EntryChanges,
                          diff: dict[str, list[dict[str, Any]]]) -> Part:
         assert old.entries is not None
-        changed, slices, moved = change
+        changed, slices, moved, chunks = change
         path = pointer("", _shown_key(name))
         entries = dict(old.entries)
         for key, data in changed:
@@ -260,12 +310,17 @@ class Parts:
         if moved:
             slices = watch.slices(values) or []
         else:  # the slices of the changed entries, again after their encoding
-            index = {key: n for n, key in enumerate(value)} if changed else {}
-            for chunk in {index[key] // watch.CHUNK for key, _ in changed}:
+            for chunk in chunks:
                 slices[chunk] = marshal.dumps(values[chunk * watch.CHUNK:(chunk + 1) * watch.CHUNK])
         del values
-        encoded = {key: part.encoded for key, part in entries.items()}
-        return Part(b"", f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries, slices)
+        if not moved and all(entries[key] is old.entries[key] for key, _ in changed):
+            old.slices = slices
+            return old
+        if moved:
+            size = _entries_size(name, entries)
+        else:
+            size = old.size + sum(entries[key].size - old.entries[key].size for key, _ in changed)
+        return Part(name, b"", None, None, 1, entries, slices, size)
 
     def _entries(self, name: str, value: dict[str, Any], old: Part, data: bytes, path: str,
                  diff: dict[str, list[dict[str, Any]]]) -> Part:
@@ -281,9 +336,8 @@ class Parts:
         for key, before in old.entries.items():
             if key not in value:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
-        encoded = {key: part.encoded for key, part in entries.items()}
         slices = watch.slices(list(value.values())) if self.watched else None
-        return Part(b"" if self.watched else data, f"{_dumps(name)}:{_joined(entries)}", encoded, 1, entries, slices)
+        return Part(name, b"" if self.watched else data, None, None, 1, entries, slices, _entries_size(name, entries))
 
 
 def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:
@@ -304,16 +358,20 @@ def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:
     if slices is None:
         raise Unwatched
     changed: list[tuple[str, bytes]] = []
+    chunks: list[int] = []
     if len(keys) == len(old.entries) and keys == list(old.entries):
         for index in compress(range(len(slices)), map(operator.ne, slices, old.slices)):
             start = index * watch.CHUNK
+            found = len(changed)
             for key, item in zip(keys[start:start + watch.CHUNK], values[start:start + watch.CHUNK], strict=True):
                 data = watch.dumps(item)
                 if data is None:
                     raise Unwatched
                 if data != old.entries[key].blob:
                     changed.append((key, data))
-        return changed, slices, False
+            if len(changed) > found:
+                chunks.append(index)
+        return changed, slices, False, chunks
     blobs = watch.entries(values)
     if blobs is None:
         raise Unwatched
@@ -321,7 +379,7 @@ def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:
         before = old.entries.get(key)
         if before is None or before.blob != data:
             changed.append((key, data))
-    return changed, slices, True
+    return changed, slices, True, []
 
 
 def _compare(before: Any, after: Any, path: str, diff: dict[str, list[dict[str, Any]]]) -> None:

@@ -93,7 +93,7 @@ class LiveSession:
         self.cls = cls
         self.readonly = readonly  # the tools proven to change nothing (see ``sandbox.readonly``)
         self.instance: Any = None
-        self.text = ""  # the stored (encoded) state the instance matches
+        self._text: str | None = ""  # the stored (encoded) state the instance matches (see ``text``)
         self.print: bytes | None = None  # its fingerprint
         self.shown: Any = None  # its view, once a diff needed it
         self.parts: Parts | None = None  # its encoding part by part, while it is a tree
@@ -102,6 +102,19 @@ class LiveSession:
         # delta, and the size of the base it is against. None: the service stores whole states.
         self.delta: Delta | None = None
         self.base_size = 0
+
+    @property
+    def text(self) -> str:
+        """The stored (encoded) state the instance matches; after a watched call, joined from the
+        parts only when something asks for the whole text."""
+        if self._text is None:
+            assert self.parts is not None
+            self._text = self.parts.text()
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text = value
 
     def prepare(self, request: dict[str, Any]) -> None:
         """Build the instance of ``request`` (an ``init``) ahead of the sessions that will start from
@@ -182,9 +195,7 @@ class LiveSession:
             except codec.CodecError as exc:
                 raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
             else:
-                if seen is None:
-                    return unchanged
-                return self._changed_parts(request, unchanged, before, *seen, None, limit)
+                return unchanged if seen is None else self._watched_answer(request, unchanged, before, seen, limit)
         after = fingerprint(state)
         if after is not None and after == self.print:
             return unchanged
@@ -249,6 +260,24 @@ class LiveSession:
             return self._as_delta(answer, before)
         self.delta = None  # the service stores this whole state as the session's own
         return answer
+
+    def _watched_answer(self, request: dict[str, Any], unchanged: dict[str, Any], before: dict[str, Any],
+                        diff: dict[str, Any], limit: int) -> dict[str, Any]:
+        """The answer to a call the watch saw change parts: the whole text is not even joined
+        when the parts it changed are the answer."""
+        assert self.parts is not None
+        size = self.parts.size()
+        if size > limit:
+            raise Failure(RESOURCE_LIMIT, f"the state would be {size} bytes, over the {limit} byte limit")
+        self._text, self.print, self.shown = None, None, None
+        if self.delta is not None and request.get("deltas") is True:
+            changes = self.delta.step(before, self.parts.parts)
+            if changes is not None and self.delta.size <= max(COMPACT_FLOOR, self.base_size * COMPACT_SHARE):
+                return {**unchanged, "diff": diff, "delta": changes}
+            self.delta, self.base_size = Delta(), size
+            return {**unchanged, "state": self.text, "diff": diff, "rebase": True}
+        self.delta = None  # the service stores this whole state as the session's own
+        return {**unchanged, "state": self.text, "diff": diff}
 
     def _as_delta(self, answer: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
         """A changed call's answer as the parts it changed; the whole state, as a new base, when

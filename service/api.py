@@ -334,7 +334,7 @@ async def send_message(session_id: str, body: schemas.MessageRequest, response: 
 @router.get("/v1/sessions/{session_id}/state", response_model=schemas.StateView, tags=["sessions"])
 async def get_state(session_id: str, step: int | None = Query(default=None, ge=0, description=(
                         "Show the state after this step (0: the initial state) instead of the current one; "
-                        "it is rebuilt by replaying the recorded calls (see fork).")),
+                        "it is rebuilt as for a fork at that step (see fork).")),
                     who: Principal = Run, engine: Sessions = Depends(sessions)) -> Response:
     step, view = await engine.state_view(session_id, step=step, tenant=who.tenant)
     # Already JSON text: re-encoding a large state through the response model would hold the loop again.

@@ -75,10 +75,15 @@ class MemoryStore:
         await self.create_group([meta], state, initial, trajectory, quota=quota)
 
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None, initial_digest: str = "") -> None:
+                           quota: int | None = None, initial_digest: str = "",
+                           delta: dict[str, str] | None = None) -> None:
         if not metas:
             return
-        each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
+        fields = dict(delta or {})
+        if fields and not (initial_digest and (state is initial or state == initial)):
+            raise ValueError("a delta is against the initial state, as a base that is the state")
+        held = _delta_growth({}, {"set": fields, "unset": []})
+        each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory)) + held
         tenant = metas[0].tenant
         self._reserve(tenant, each * len(metas), quota)
         base = (tenant, initial_digest) if initial_digest else None
@@ -96,6 +101,7 @@ class MemoryStore:
             if base is not None:
                 entry.base = self._use(base, initial)
                 entry.state_base = self._use(base, initial) if own is None else None
+                entry.fields, entry.delta_bytes = dict(fields), held
             self._sessions[meta.session_id] = entry
             self._count(tenant, meta.session_id, each)
 
@@ -173,9 +179,10 @@ class MemoryStore:
     async def usage(self, tenant: str) -> int:
         return self._used(tenant)
 
-    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True,
+                   current: bool = True) -> Snapshot | None:
         entry = self._entry(session_id)
-        state = "" if entry is None or not blobs else self._current(entry)
+        state = "" if entry is None or not blobs or not current else self._current(entry)
         if entry is None or state is None:
             return None
         return Snapshot(

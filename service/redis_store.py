@@ -519,10 +519,16 @@ class RedisStore:
 
     @_translated
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None, initial_digest: str = "") -> None:
+                           quota: int | None = None, initial_digest: str = "",
+                           delta: dict[str, str] | None = None) -> None:
         if not metas:
             return
-        each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory))
+        fields = dict(delta or {})
+        if fields and not (initial_digest and (state is initial or state == initial)):
+            raise ValueError("a delta is against the initial state, as a base that is the state")
+        held = sum(stored_bytes(name) + stored_bytes(value) for name, value in fields.items())
+        size = stored_bytes(initial)
+        each = (size if state is initial else stored_bytes(state)) + size + sum(map(stored_bytes, trajectory)) + held
         counts = {meta.session_id: each for meta in metas}
         tenant = metas[0].tenant
         # Counted first, in one script on the tenant's slot, so the quota holds however many replicas write.
@@ -533,18 +539,18 @@ class RedisStore:
                 base = Base(self.keys.base(tenant, initial_digest), stored_bytes(initial),
                             state is initial or state == initial)
                 await self._keep_base(base.name, initial)  # before the sessions: none reads a missing base
-            await self._write_group(metas, state, initial, trajectory, base)
+            await self._write_group(metas, state, initial, trajectory, base, fields)
         except BaseException:
             await self._unreserve(tenant, counts)
             raise
 
     async def _write_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str],
-                           base: Base | None) -> None:
+                           base: Base | None, fields: dict[str, str] | None = None) -> None:
         if not self.cluster:
             # One MULTI: every session of the group exists, or none does.
             async with self.client.pipeline(transaction=True) as pipe:
                 for meta in metas:
-                    self._write_session(pipe, meta, state, initial, trajectory, base)
+                    self._write_session(pipe, meta, state, initial, trajectory, base, fields)
                 await pipe.execute()
             return
         # A cluster spreads the group's sessions over slots, so no single MULTI covers them: each session is
@@ -552,7 +558,7 @@ class RedisStore:
         # raised. Session ids are fresh, so nobody can have seen a half-made group in between.
         async def one(meta: SessionMeta) -> None:
             async with self.client.pipeline(transaction=True) as pipe:
-                self._write_session(pipe, meta, state, initial, trajectory, base)
+                self._write_session(pipe, meta, state, initial, trajectory, base, fields)
                 await pipe.execute()
 
         outcomes = await asyncio.gather(*(one(meta) for meta in metas), return_exceptions=True)
@@ -621,7 +627,7 @@ class RedisStore:
         return None
 
     def _write_session(self, pipe: Any, meta: SessionMeta, state: str, initial: str, trajectory: list[str],
-                       base: Base | None = None) -> None:
+                       base: Base | None = None, delta: dict[str, str] | None = None) -> None:
         k = self.keys.session(meta.session_id)
         pipe.delete(*k.kept())  # a create never extends what an old session left
         fields = dict[Any, Any](meta.to_fields())
@@ -629,6 +635,10 @@ class RedisStore:
             fields.update(initial_base=base.name, base_bytes=base.size)
             if base.is_state:
                 fields["state_base"] = base.name
+        if delta:
+            fields["delta_bytes"] = sum(stored_bytes(name) + stored_bytes(value) for name, value in delta.items())
+            pipe.hset(k.delta, mapping=delta)
+            pipe.pexpire(k.delta, self._ttl_ms)
         pipe.hset(k.meta, mapping=fields)
         if base is None or not base.is_state:
             pipe.set(k.state, state)
@@ -640,7 +650,8 @@ class RedisStore:
             pipe.pexpire(key, self._ttl_ms)
 
     @_translated
-    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True,
+                   current: bool = True) -> Snapshot | None:
         k = self.keys.session(session_id)
         if not blobs:
             pairs = iter(await self._script(self._refresh, list(k.kept()),
@@ -665,7 +676,7 @@ class RedisStore:
             return None
         initial_base = meta.get("initial_base", "")
         texts = await self._bases(_base_names(meta), [initial_base if initial is None else ""])
-        state = await self._composed(meta, state, fields, texts)
+        state = await self._composed(meta, state, fields, texts) if current else ""
         initial = texts.get(initial_base) if initial is None and texts is not None else initial
         if state is None or initial is None:
             return None

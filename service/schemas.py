@@ -172,9 +172,10 @@ class ForkRequest(Strict):
     n: int = Field(default=1, ge=1, description="How many forks to make; all or none. At most max_group.")
     step: int | None = Field(default=None, ge=0, description=(
         "Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; "
-        "by default the current step. A past state is rebuilt by replaying the recorded calls from the initial "
-        "state; a step that answers otherwise when run again (an environment that does not repeat itself) is "
-        "409 naming it. A step after the current one is 422."))
+        "by default the current step. A past state is the initial state plus the parts the first `step` steps "
+        "recorded changing; where a step stored a whole state instead, the recorded calls are replayed from "
+        "the initial state, and a step that answers otherwise when run again (an environment that does not "
+        "repeat itself) is 409 naming it. A step after the current one is 422."))
 
 
 class SessionInfo(BaseModel):

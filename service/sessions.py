@@ -16,9 +16,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sandbox import deltas
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, Stored, WorkerPool
-from service import idempotency, rewind
+from service import idempotency, past, rewind
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.fairness import FairGate, NoSlot
@@ -230,8 +231,9 @@ class Sessions:
             raise UserLLMFailed(f"{exc}; nothing was created") from exc
 
     async def snapshot(self, session_id: str, *, trajectory: bool = False, tenant: str = "",
-                       blobs: bool = True) -> Snapshot:
-        snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs))
+                       blobs: bool = True, current: bool = True) -> Snapshot:
+        snap: Snapshot | None = await self._store(self.store.load(session_id, trajectory=trajectory, blobs=blobs,
+                                                                  current=current))
         visible = self._visible(snap, session_id, tenant)
         await self.environment_of(visible)  # a session whose environment was deleted is gone
         return visible
@@ -310,7 +312,7 @@ class Sessions:
                 try:
                     async with self._sandbox_slot(tenant):
                         arguments, outcome = await self._run(env, snap, name, raw_arguments)
-                    record = _step_record(snap.meta.step + 1, name, arguments, outcome)
+                    record = past.mark(_step_record(snap.meta.step + 1, name, arguments, outcome), outcome)
                     await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
                                        delta=outcome.delta, rebase=outcome.rebase)
                 except BaseException:
@@ -479,7 +481,12 @@ class Sessions:
         snap = await self.snapshot(session_id, tenant=tenant, trajectory=step is not None)
         state = snap.state
         if step is not None and step != snap.meta.step:
-            state = await self._state_at(snap, step, tenant)
+            self._check_step(snap, step)
+            fields = past.fields_at(snap.trajectory[:step]) if snap.initial_digest else None
+            if fields is None:
+                state = await self._state_at(snap, step, tenant)
+            else:
+                state = await asyncio.to_thread(_composed, snap.initial, fields)
         try:
             return snap.meta.step if step is None else step, await self.offload.state_view(state)
         except ViewError as exc:
@@ -518,7 +525,8 @@ class Sessions:
         """``n`` independent copies of the session at its current step, or at ``step`` (0: the
         initial state) with the trajectory's first ``step`` steps (all or none)."""
         past = step is not None
-        snap = await self.snapshot(session_id, tenant=tenant, blobs=past, trajectory=past)
+        # (a fork at a past step needs the initial state and the records, never the current state)
+        snap = await self.snapshot(session_id, tenant=tenant, blobs=past, trajectory=past, current=False)
         if step is not None and step != snap.meta.step:
             return await self._fork_at(snap, n, step, tenant)
         env = await self.environment_of(snap)
@@ -536,8 +544,11 @@ class Sessions:
     async def _fork_at(self, snap: Snapshot, n: int, step: int, tenant: str) -> Created:
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
-        state = await self._state_at(snap, step, tenant)
+        self._check_step(snap, step)
         records = snap.trajectory[:step]
+        # The initial state as the forks' base plus the fields the first steps left; else replayed.
+        fields = past.fields_at(records) if snap.initial_digest else None
+        state = snap.initial if fields is not None else await self._state_at(snap, step, tenant)
         done = any(json.loads(r).get("done") is True for r in records)
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=snap.meta.session_id,
@@ -545,15 +556,19 @@ class Sessions:
         async with self._admitted(tenant, [m.session_id for m in metas]):
             await self._store(self._quota(self.store.create_group(metas, state, snap.initial, records,
                                                                   quota=self.limits.max_tenant_bytes,
-                                                                  initial_digest=snap.initial_digest)))
+                                                                  initial_digest=snap.initial_digest, delta=fields)))
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 
-    async def _state_at(self, snap: Snapshot, step: int, tenant: str) -> str:
-        """The state after ``step``, replayed from the initial state (see ``service.rewind``)."""
+    @staticmethod
+    def _check_step(snap: Snapshot, step: int) -> None:
         if not 0 <= step <= snap.meta.step:
             raise InvalidRequest(f"step {step} is not a step of this session: it is at step {snap.meta.step} "
                                  "(0 is the initial state)", field="step")
+
+    async def _state_at(self, snap: Snapshot, step: int, tenant: str) -> str:
+        """The state after ``step``, replayed from the initial state (see ``service.rewind``)."""
+        self._check_step(snap, step)
         env = await self.environment_of(snap)
         budget = self.limits.rewind_budget
         try:
@@ -621,8 +636,13 @@ def _step_record(step: int, name: str, arguments: Any, outcome: CallOutcome) -> 
     }
 
 
+def _composed(initial: str, fields: dict[str, str]) -> str:
+    return deltas.compose(deltas.Base(initial), fields) if fields else initial
+
+
 def _with_observation(record: dict[str, Any]) -> dict[str, Any]:
     """A stored record as clients see it (records written before ``kind`` existed are calls)."""
+    past.public(record)
     if record.setdefault("kind", "call") == "call" and "observation" not in record:
         record["observation"] = observation(record["ok"], record["result"], record["error"])
     return record

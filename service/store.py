@@ -134,16 +134,21 @@ class SessionStore(Protocol):
         """
 
     async def create_group(self, metas: list[SessionMeta], state: str, initial: str, trajectory: list[str], *,
-                           quota: int | None = None, initial_digest: str = "") -> None:
+                           quota: int | None = None, initial_digest: str = "",
+                           delta: dict[str, str] | None = None) -> None:
         """Store several sessions sharing one state, all or none (``BytesQuota`` as ``create``).
 
         With ``initial_digest`` (``digest_of(initial)``, which the caller vouches for: it is never
         checked here), ``initial`` is stored as a base, once for the tenant and digest, and a
-        ``state`` equal to it is that base too: the sessions then store only their meta."""
+        ``state`` equal to it is that base too: the sessions then store only their meta. With
+        ``delta`` too (fields against that base, see ``sandbox.deltas``), each session's state is
+        the base plus those fields."""
 
-    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True) -> Snapshot | None:
+    async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True,
+                   current: bool = True) -> Snapshot | None:
         """Read a session consistently (meta, blobs and optionally trajectory at one step).
-        Without ``blobs`` the snapshot's state and initial state are empty (see ``state``)."""
+        Without ``blobs`` the snapshot's state and initial state are empty (see ``state``);
+        without ``current``, its state alone is (for a caller that needs the initial state only)."""
 
     async def state(self, session_id: str) -> str | None:
         """The session's current encoded state alone."""

@@ -335,6 +335,16 @@ def test_sessions_from_a_scenario_share_its_initial_state_across_replicas_and_re
                 f"R{n:05d}" for n in range(6)]
             forked = a.post(f"/v1/sessions/{group[1]}/fork", json={"step": 0}).json()["session_ids"][0]
             assert _state(b, forked) == initial
+            # a fork at a past step shares the base too, and holds the records changed by then
+            past = a.post(f"/v1/sessions/{group[1]}/fork", json={"step": 3}).json()["session_ids"][0]
+            past_keys = Keys(prefix).session(past)
+            assert raw.exists(past_keys.state) == 0 and raw.hlen(past_keys.delta) == 3
+            at_three = _state(b, past)
+            assert [n for n, r in at_three["records"].items() if r["status"] == "closed"] == [  # type: ignore[attr-defined]
+                f"R{n:05d}" for n in range(3)]
+            assert sum(raw.memory_usage(k) or 0 for k in (past_keys.meta, past_keys.delta)) <= 8192
+            _do(b, past, "close", record_id="R00007")  # and goes on from there by deltas
+            assert raw.exists(past_keys.state) == 0 and raw.hlen(past_keys.delta) == 4
     finally:
         first.stop()
         second.stop()

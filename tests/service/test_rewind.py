@@ -24,6 +24,14 @@ class Dice:
         value = random.randint(1, 1_000_000)
         self.rolls.append(value)
         return value
+
+
+class SharedDice(Dice):
+    """The same dice, with its rolls reached twice: not a tree, so its steps store whole states."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.also = self.rolls
 '''
 
 
@@ -92,7 +100,10 @@ def test_a_future_or_negative_step_is_a_422_naming_step(client: httpx.Client) ->
 
 
 def test_a_step_that_does_not_repeat_itself_is_refused_naming_it(client: httpx.Client) -> None:
-    added = client.post("/v1/environments", json={"env_id": "dice_rewind", "class_name": "Dice", "code": RANDOM})
+    """A past state that must be rebuilt by running the steps again (the steps stored whole
+    states) is refused when a step answers otherwise the second time."""
+    added = client.post("/v1/environments", json={"env_id": "dice_rewind", "class_name": "SharedDice",
+                                                  "code": RANDOM})
     assert added.status_code in (200, 201), added.text
     sid = client.post("/v1/sessions", json={"env_id": "dice_rewind"}).json()["session_id"]
     _call(client, sid, "roll")
@@ -101,7 +112,27 @@ def test_a_step_that_does_not_repeat_itself_is_refused_naming_it(client: httpx.C
     assert answer.status_code == 409, answer.text
     assert answer.json()["field"] == "step" and "step 1" in answer.json()["detail"]
     assert client.get("/v1/sessions").json()["total"] >= 1
-    assert _state(client, sid, 0)["state"] == {"rolls": []}  # nothing to replay
+    assert _state(client, sid, 0)["state"] == {"rolls": [], "also": {"$ref": "/rolls"}}  # nothing to replay
+
+
+def test_a_past_state_kept_as_parts_needs_no_replay(client: httpx.Client) -> None:
+    """The steps of a tree state record the parts they changed: the state after step k is added
+    up from them, exactly, even for an environment that would not repeat itself."""
+    added = client.post("/v1/environments", json={"env_id": "dice_parts", "class_name": "Dice", "code": RANDOM})
+    assert added.status_code in (200, 201), added.text
+    sid = client.post("/v1/sessions", json={"env_id": "dice_parts"}).json()["session_id"]
+    rolls = [_call(client, sid, "roll")["result"] for _ in range(3)]
+    assert _state(client, sid, 1)["state"] == {"rolls": rolls[:1]}
+    forked = client.post(f"/v1/sessions/{sid}/fork", json={"step": 2, "n": 2})
+    assert forked.status_code == 201, forked.text
+    first, second = forked.json()["session_ids"]
+    assert _state(client, first) == {"step": 2, "state": {"rolls": rolls[:2]}}
+    fourth = _call(client, first, "roll")["result"]
+    assert _state(client, first)["state"] == {"rolls": [*rolls[:2], fourth]}
+    assert _state(client, second)["state"] == {"rolls": rolls[:2]}  # its sibling did not move
+    assert _state(client, sid)["state"] == {"rolls": rolls}
+    steps = client.get(f"/v1/sessions/{first}/trajectory").json()["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3] and not any(k.startswith("_") for s in steps for k in s)
 
 
 @pytest.mark.redis

@@ -468,7 +468,7 @@ export interface components {
             n?: number;
             /**
              * Step
-             * @description Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; by default the current step. A past state is rebuilt by replaying the recorded calls from the initial state; a step that answers otherwise when run again (an environment that does not repeat itself) is 409 naming it. A step after the current one is 422.
+             * @description Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; by default the current step. A past state is the initial state plus the parts the first `step` steps recorded changing; where a step stored a whole state instead, the recorded calls are replayed from the initial state, and a step that answers otherwise when run again (an environment that does not repeat itself) is 409 naming it. A step after the current one is 422.
              */
             step?: number | null;
         };
@@ -3156,7 +3156,7 @@ export interface operations {
     get_state_v1_sessions__session_id__state_get: {
         parameters: {
             query?: {
-                /** @description Show the state after this step (0: the initial state) instead of the current one; it is rebuilt by replaying the recorded calls (see fork). */
+                /** @description Show the state after this step (0: the initial state) instead of the current one; it is rebuilt as for a fork at that step (see fork). */
                 step?: number | null;
             };
             header?: never;

@@ -216,7 +216,7 @@ def send_message(session_id: str, content: str, *, idempotency_key: str | None =
 
 def state(session_id: str, *, step: int | None = None) -> Operation[StateView]:
     """The session's state as JSON, with the step it belongs to; with ``step``, the state after that
-    step (0: the initial state), rebuilt by replaying the recorded calls."""
+    step (0: the initial state), rebuilt as for a fork at that step."""
     return _get(f"/v1/sessions/{_seg(session_id)}/state", StateView.from_json,
                 None if step is None else {"step": step})
 
