@@ -174,6 +174,11 @@ class Delta:
             mine = self.fields.get(one)
             if old is None:
                 self._add(changes, one, mine, _text(name, part))
+            elif part.entries is not None and part.entries is old.entries and part.touched is not None \
+                    and mine is None:
+                for key in part.touched:  # changed in place (see ``Part.touched``)
+                    one = field(name, key)
+                    changes[one] = _keep_place(self.fields.get(one)) + _text(key, part.entries[key])
             elif old.entries is not None and part.entries is not None and mine is None \
                     and _in_order(old.entries, part.entries):
                 self._entries(changes, name, old.entries, part.entries)

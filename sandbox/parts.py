@@ -88,7 +88,8 @@ class Part:
     (a call that changed one entry of 20,000 need not join them all), and keeps its size in UTF-8
     bytes up to date from theirs."""
 
-    __slots__ = ("key", "blob", "_member", "_encoded", "depth", "entries", "slices", "size", "_shown")
+    __slots__ = ("key", "blob", "_member", "_encoded", "depth", "entries", "slices", "size", "_shown", "_positions",
+                 "_order", "touched")
 
     def __init__(self, key: str, blob: bytes, member: str | None, encoded: Any, depth: int,
                  entries: dict[str, Part] | None = None, slices: list[bytes] | None = None,
@@ -102,6 +103,25 @@ class Part:
         self.slices = slices  # watched: its entries' bytes, ``watch.CHUNK`` at a time
         self.size = len(self.member.encode()) if size is None else size
         self._shown: Any = None
+        self._positions: dict[str, int] | None = None
+        self._order: list[str] | None = None
+        # The entries a watched call changed in place: ``entries`` is then the previous part's
+        # dict, updated (copying 20,000 entries would touch every page of a fresh fork).
+        self.touched: list[str] | None = None
+
+    def positions(self) -> dict[str, int]:
+        """Each entry's place among the entries (kept by a part whose keys stay as they were)."""
+        if self._positions is None:
+            assert self.entries is not None
+            self._positions = {key: n for n, key in enumerate(self.entries)}
+        return self._positions
+
+    def order(self) -> list[str]:
+        """The entries' keys in their order (as ``positions``, the other way round)."""
+        if self._order is None:
+            assert self.entries is not None
+            self._order = list(self.entries)
+        return self._order
 
     @property
     def member(self) -> str:
@@ -166,7 +186,10 @@ class Parts:
             slices = watch.slices(values) if self.watched else None
             # (a watched dict's own bytes are never compared: its slices are)
             data = b"" if self.watched else (blob(value) if data is None else data)
-            return Part(key, data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth, entries, slices)
+            part = Part(key, data, f"{_dumps(key)}:{_dumps(encoded)}", encoded, depth, entries, slices)
+            if self.watched:
+                part.positions(), part.order()  # now, in the process that forks are made from
+            return part
         return Part(key, self._blob(value) if data is None else data, f"{_dumps(key)}:{_dumps(encoded)}", encoded,
                     depth)
 
@@ -224,7 +247,8 @@ class Parts:
         """The UTF-8 size of ``text()``, from the parts' sizes."""
         return 2 + sum(part.size for part in self.parts.values()) + max(0, len(self.parts) - 1)
 
-    def watch(self, state: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+    def watch(self, state: dict[str, Any],
+              footprint: dict[str, set[str] | None] | None = None) -> dict[str, list[dict[str, Any]]] | None:
         """The diff of ``state`` after a call, found from the parts whose bytes changed (see
         ``sandbox.watch``); None when nothing stored changed. The parts are updated: ``text()``
         is the new state's.
@@ -236,7 +260,7 @@ class Parts:
         """
         if not self.watched or list(state) != list(self.parts):
             raise Unwatched
-        changes = self._changes(state)
+        changes = self._changes(state, footprint)
         if not changes:
             return None
         # The objects of the parts that changed must be held once too (see ``sandbox.watch``).
@@ -263,7 +287,8 @@ class Parts:
         self.parts = parts
         return diff
 
-    def _changes(self, state: dict[str, Any]) -> dict[str, _EntryChanges | None]:
+    def _changes(self, state: dict[str, Any],
+                 footprint: dict[str, set[str] | None] | None) -> dict[str, _EntryChanges | None]:
         """The attributes whose bytes changed, in the state's order: None for one to encode whole,
         else what changed among its entries. (A function of its own, so that no variable of it
         still holds a part when the counts are checked.)"""
@@ -274,8 +299,13 @@ class Parts:
         changes: dict[str, _EntryChanges | None] = {}
         for name, value in state.items():
             old = self.parts[name]
+            if footprint is not None and name not in footprint:
+                continue  # the call cannot have changed it (``sandbox.footprint``)
+            if footprint is not None and (old.entries is None or type(value) is not dict):
+                raise Unwatched
             if old.entries is not None and type(value) is dict:
-                found = _watch_entries(value, old)
+                keys = footprint.get(name) if footprint is not None else None
+                found = _watch_entries(value, old) if keys is None else _footprint_entries(value, old, keys)
                 if found[0] or found[2]:
                     changes[name] = found
                 else:
@@ -291,7 +321,7 @@ class Parts:
         assert old.entries is not None
         changed, slices, moved, chunks = change
         path = pointer("", _shown_key(name))
-        entries = dict(old.entries)
+        updated: dict[str, Part] = {}
         for key, data in changed:
             before = old.entries.get(key)
             part = self._changed(key, value[key], before, 2, data, pointer(path, _shown_key(key)), diff)
@@ -299,28 +329,32 @@ class Parts:
                 # The same text (only who holds a string changed): the part stays, for the delta,
                 # holding what the new bytes were taken with.
                 before.blob, before.encoded = part.blob, part.encoded
-                part = before
-            entries[key] = part
+                continue
+            updated[key] = part
         if moved:  # entries were added or removed: follow the dict's order
             for key, before in old.entries.items():
                 if key not in value:
                     diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
-            entries = {key: entries[key] for key in value}
-        values = list(value.values())
-        if moved:
-            slices = watch.slices(values) or []
-        else:  # the slices of the changed entries, again after their encoding
-            for chunk in chunks:
-                slices[chunk] = marshal.dumps(values[chunk * watch.CHUNK:(chunk + 1) * watch.CHUNK])
-        del values
-        if not moved and all(entries[key] is old.entries[key] for key, _ in changed):
+            entries = {key: updated.get(key) or old.entries[key] for key in value}
+            return Part(name, b"", None, None, 1, entries, watch.slices(list(value.values())) or [],
+                        _entries_size(name, entries))
+        order = old.order()
+        for chunk in chunks:  # the slices of the changed entries, again after their encoding
+            # (found by key: listing every entry would touch all their pages in a fresh fork)
+            keys = order[chunk * watch.CHUNK:(chunk + 1) * watch.CHUNK]
+            slices[chunk] = marshal.dumps([value[key] for key in keys])
+        if not updated:
             old.slices = slices
             return old
-        if moved:
-            size = _entries_size(name, entries)
-        else:
-            size = old.size + sum(entries[key].size - old.entries[key].size for key, _ in changed)
-        return Part(name, b"", None, None, 1, entries, slices, size)
+        size = old.size + sum(part.size - old.entries[key].size for key, part in updated.items())
+        # In place: the same keys in the same places. (What the old part held is handed on, not
+        # let go: in a fresh fork, freeing its encoding would touch every page the state is on.)
+        old.entries.update(updated)
+        part = Part(name, b"", None, old._encoded, 1, old.entries, slices, size)
+        if old._encoded is not None:
+            old._encoded.update((key, entry.encoded) for key, entry in updated.items())
+        part._positions, part._order, part.touched = old._positions, old._order, list(updated)
+        return part
 
     def _entries(self, name: str, value: dict[str, Any], old: Part, data: bytes, path: str,
                  diff: dict[str, list[dict[str, Any]]]) -> Part:
@@ -338,6 +372,28 @@ class Parts:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
         slices = watch.slices(list(value.values())) if self.watched else None
         return Part(name, b"" if self.watched else data, None, None, 1, entries, slices, _entries_size(name, entries))
+
+
+def _footprint_entries(value: dict[str, Any], old: Part, keys: set[str]) -> _EntryChanges:
+    """As ``_watch_entries``, for a call proven to change no entry but ``keys`` (and to delete
+    none): only those are looked at, unless one was added."""
+    assert old.entries is not None and old.slices is not None
+    if len(value) != len(old.entries) or any(key not in old.entries and key in value for key in keys):
+        return _watch_entries(value, old)
+    changed: list[tuple[str, bytes]] = []
+    chunks: set[int] = set()
+    for key in keys:
+        if key not in value:
+            continue
+        if not watch.held_once([value[key]], 1):
+            raise Unwatched
+        data = watch.dumps(value[key])
+        if data is None:
+            raise Unwatched
+        if data != old.entries[key].blob:
+            changed.append((key, data))
+            chunks.add(old.positions()[key] // watch.CHUNK)
+    return changed, old.slices, False, sorted(chunks)  # (updated in place, once all is checked)
 
 
 def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:

@@ -67,6 +67,8 @@ class ReadOnly:
         self.module = module
         self.cls = cls
         self.tools: frozenset[str] = frozenset()
+        # tool -> the entries it may change, and those it may delete (see ``sandbox.footprint``)
+        self.confined: dict[str, tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]] = {}
         self.looked: dict[str, Any] = {}
         self.codes: list[tuple[types.FunctionType, types.CodeType]] = []
         try:
@@ -78,10 +80,42 @@ class ReadOnly:
         classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
         proof = _Proof(module, cls, classes)
         self.tools = frozenset(name for name in dir(cls) if not name.startswith("_") and proof.method(name))
+        from sandbox.footprint import Confined  # (it builds on this module's proof)
+
+        for name in dir(cls):
+            if name.startswith("_") or name in self.tools:
+                continue
+            node = proof.definition(name)
+            if node is not None and (confined := Confined(proof, node)).proven():
+                self.confined[name] = frozenset(confined.footprint), frozenset(confined.removes)
         self.looked, self.codes = proof.looked, proof.codes
 
     def proven(self, name: str) -> bool:
         return name in self.tools and self._unchanged()
+
+    def footprint(self, name: str, arguments: dict[str, Any]) -> dict[str, set[str] | None] | None:
+        """The entries a call of tool ``name`` with ``arguments`` can change, when that is proven:
+        for each attribute, their keys, or None when one may be deleted (and so moved)."""
+        found = self.confined.get(name)
+        if found is None or not self._unchanged():
+            return None
+        try:
+            bound = inspect.signature(getattr(self.cls, name)).bind(None, **arguments)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        out: dict[str, set[str] | None] = {}
+        changes, removes = found
+        for attribute, parameter in changes:
+            key = bound.arguments.get(parameter)
+            if type(key) is not str:
+                return None  # (a watched dict's keys are strings)
+            keys = out.setdefault(attribute, set())
+            if keys is not None:
+                keys.add(key)
+        for attribute, _ in removes:
+            out[attribute] = None
+        return out
 
     def _unchanged(self) -> bool:
         if _custom_lookup(self.cls):
@@ -123,16 +157,20 @@ class _Proof:
         return self.known[name]
 
     def _method(self, name: str) -> bool:
+        node = self.definition(name)
+        return node is not None and _Body(self, node).proven()
+
+    def definition(self, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The source of the method ``name`` (recorded as relied on), if it is plainly there."""
         owner = next((klass for klass in self.cls.__mro__ if name in vars(klass)), None)
         if owner is None or owner is object:
-            return False
+            return None
         function = vars(owner)[name]
         if not isinstance(function, types.FunctionType) or function.__module__ != self.module.__name__:
-            return False
-        node = self._definition(owner, name, function)
+            return None
         self.looked[name] = function
         self.codes.append((function, function.__code__))
-        return node is not None and _Body(self, node).proven()
+        return self._definition(owner, name, function)
 
     def _definition(self, owner: type, name: str,
                     function: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

@@ -188,8 +188,10 @@ class LiveSession:
         limit = _limit(request, "max_state_bytes", 1 << 24)
         if watched and self.parts is not None:
             before = self.parts.parts
+            footprint = None if self.readonly is None else \
+                self.readonly.footprint(request["name"], request.get("arguments") or {})
             try:
-                seen = self.parts.watch(state)
+                seen = self.parts.watch(state, footprint)
             except Unwatched:
                 pass  # the whole state says, below
             except codec.CodecError as exc:

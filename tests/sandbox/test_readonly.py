@@ -108,6 +108,29 @@ UNPROVEN = {
 }
 
 
+CONFINED = {
+    "close": ('self.items[key]["n"] = 0', {("items", "key")}),
+    "alias": ('item = self.items[key]\n        item["n"] += 1\n        item["tags"].append(len(key))',
+              {("items", "key")}),
+    "replace": ('self.items[key] = {"tags": [key, 1], "n": int(key or 0)}', {("items", "key")}),
+    "deep_alias": ('tags = self.items[key]["tags"]\n        tags.extend([1, 2])\n        return self._look(key)',
+                   {("items", "key")}),
+    "drop": ('del self.items[key]["tags"]', {("items", "key")}),
+}
+
+NOT_CONFINED = {
+    "share": 'self.items[key]["tags"] = self.items["a"]["tags"]',
+    "share_entry": 'self.items[key] = self.items["a"]',
+    "copy_in": 'self.items[key]["tags"] = list(self.items["a"]["tags"])',
+    "other_key": 'self.items[self.items[key]["n"]]["n"] = 0',
+    "whole_dict": 'self.items.pop(key)',
+    "made_list": 'found = [self.items["a"]]\n        self.items[key]["all"] = found',
+    "class_attribute": 'self.LIMITS[key] = 1',
+    "rebind": 'key = "a"\n        self.items[key]["n"] = 0',
+    "log": 'self.items[key]["n"] = 0\n        self.log.append(key)',
+}
+
+
 def _source(tools: dict[str, str]) -> str:
     body = "".join(f"\n    def {name}(self, key=''):\n        {code.strip()}\n" for name, code in tools.items())
     return HEADER + body
@@ -115,7 +138,8 @@ def _source(tools: dict[str, str]) -> str:
 
 @pytest.fixture
 def compiled() -> Iterator[tuple[types.ModuleType, str]]:
-    source = _source({**PROVEN, **UNPROVEN})
+    source = _source({**PROVEN, **UNPROVEN, **{name: code for name, (code, _) in CONFINED.items()},
+                      **NOT_CONFINED})
     module = types.ModuleType("readonlyenv")
     exec(compile(source, "<env readonly>", "exec"), module.__dict__)
     sys.modules["readonlyenv"] = module
@@ -164,9 +188,23 @@ def test_a_proven_read_on_a_live_session_answers_without_looking_at_the_state(
     assert session.parts is not None and session.parts.watched
     looked: list[str] = []
     original = type(session.parts).watch
-    monkeypatch.setattr(type(session.parts), "watch", lambda self, state: looked.append("x") or original(self, state))
+    monkeypatch.setattr(type(session.parts), "watch",
+                        lambda self, state, footprint=None: looked.append("x") or original(self, state, footprint))
     answer, kept = session.handle({"op": "call", "name": "loop", "arguments": {"key": "a"}})
     assert kept and answer["ok"] and answer["state"] is None and len(answer["result"]) == 2
     assert looked == []
     answer, _ = session.handle({"op": "call", "name": "append", "arguments": {"key": "z"}})
     assert answer["state"] is not None and '"z"' in answer["state"] and looked == ["x"]
+
+
+def test_writes_confined_to_named_entries_are_proven_so_and_no_others(compiled: tuple[types.ModuleType, str]) -> None:
+    module, source = compiled
+    proof = ReadOnly(module, source, module.Env)
+    for name, (_, footprint) in CONFINED.items():
+        assert name in proof.confined, name
+        assert proof.confined[name][0] == footprint, name
+    assert not set(NOT_CONFINED) & set(proof.confined), sorted(set(NOT_CONFINED) & set(proof.confined))
+    assert not set(UNPROVEN) & set(proof.confined) - {"store", "alias_store", "alias_append", "alias_iadd",
+                                                       "setdefault", "delete"}
+    assert proof.footprint("close", {"key": "b"}) == {"items": {"b"}}
+    assert proof.footprint("close", {"key": 3}) is None  # a key that is not a string: no proof

@@ -16,6 +16,7 @@ import pytest
 
 from sandbox import codec, view
 from sandbox.parts import Parts
+from sandbox.readonly import ReadOnly
 from sandbox.resident import LiveSession, public_state
 
 CODE = '''
@@ -112,9 +113,9 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = Parts.watch
 
-    def spy(self: Parts, state: dict[str, Any]) -> Any:
+    def spy(self: Parts, state: dict[str, Any], footprint: Any = None) -> Any:
         try:
-            out = original(self, state)
+            out = original(self, state, footprint)
         except Exception:
             seen.append("walked")
             raise
@@ -131,8 +132,9 @@ def _expected(session: LiveSession) -> str:
 
 
 class Run:
-    def __init__(self, module: types.ModuleType) -> None:
-        self.session = LiveSession(module, module.Shop)
+    def __init__(self, module: types.ModuleType, proven: bool = False) -> None:
+        proof = ReadOnly(module, CODE, module.Shop) if proven else None
+        self.session = LiveSession(module, module.Shop, proof)
         answer, _ = self.session.handle({"op": "init", "init_config": {}})
         self.text = answer["state"]
 
@@ -162,9 +164,11 @@ def test_a_plain_state_is_watched_and_reads_and_writes_are_told_by_it(module: An
     assert watched == ["watched"] * 5
 
 
-def test_randomized_calls_store_exactly_the_state(module: Any, watched: list[str]) -> None:
+@pytest.mark.parametrize("proven", [False, True], ids=["looked", "proven"])
+def test_randomized_calls_store_exactly_the_state(module: Any, watched: list[str], proven: bool) -> None:
+    """With the proofs, reads are not looked at and writes only at the entries they name."""
     rng = random.Random(11)
-    run = Run(module)
+    run = Run(module, proven)
     for _ in range(120):
         keys = sorted(json.loads(run.text)["items"])
         key = rng.choice(keys)
@@ -187,6 +191,7 @@ def test_randomized_calls_store_exactly_the_state(module: Any, watched: list[str
             run.call("get", key=key)
     # Every call here keeps the state plain and each object held once: the watch told them all.
     assert watched and set(watched) == {"watched"}
+    assert len(watched) < 120 if proven else len(watched) == 120  # proven reads skip the watch
 
 
 def test_an_object_shared_without_changing_a_byte_is_stored_shared(module: Any, watched: list[str]) -> None:
@@ -245,3 +250,34 @@ def test_an_argument_kept_in_the_state_is_the_state_own(module: Any, watched: li
     run.call("tag", key="NEW", tag=2)
     assert json.loads(run.text)["items"]["NEW"]["tags"] == [1, 2]
     assert watched == ["watched", "watched"]
+
+
+@pytest.mark.parametrize("tool", ["alias_items", "alias_deep", "put_kept", "move_to_end"])
+def test_with_the_proofs_what_they_do_not_cover_is_still_found(module: Any, tool: str) -> None:
+    run = Run(module, proven=True)
+    run.call("set_price", key="I004", price=0)
+    run.call("keep", key="I001")
+    if tool == "move_to_end":
+        run.call(tool, key="I002")
+    elif tool == "put_kept":
+        run.call(tool, key="I004")
+    else:
+        run.call(tool, a="I003", b="I004")
+    run.call("unkeep")
+    run.call("tag", key="I005", tag=1)
+
+
+def test_a_confined_write_looks_only_at_the_entries_it_names(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.parts as parts
+
+    run = Run(module, proven=True)
+    whole: list[str] = []
+    original = parts._watch_entries
+    monkeypatch.setattr(parts, "_watch_entries", lambda value, old: whole.append("x") or original(value, old))
+    assert run.call("set_price", key="I010", price=7)["state"] is not None
+    assert run.call("set_price", key="I010", price=7)["state"] is None
+    assert run.call("tag", key="I011", tag=9)["state"] is not None
+    assert whole == []
+    run.call("add", key="NEW", item={"name": "n", "tags": [], "price": 1})  # an entry added: keys looked at
+    run.call("remove", key="I012")  # one that may delete: its dict looked at
+    assert whole == ["x", "x"]

@@ -1,0 +1,162 @@
+"""Which entries a tool can change, read from its source: after a call to a tool proven to change
+only ``self.<attribute>[<parameter>]`` (and what is below it), on a watched state, only those
+entries are looked at, whatever the size of the rest.
+
+The proof extends the read-only one (``sandbox.readonly``): besides what a read-only tool may
+do, such a tool may store into, delete from, or call a changing method (``append``,
+``update``...) of an entry ``self.A[p]`` of an instance attribute, where ``p`` is one of its
+parameters (never rebound), directly or through a local bound only to a path below that entry.
+What it stores, and the arguments of those methods, must be *fresh*: constants, its parameters
+(each call gets a copy of its arguments), numbers and strings it computed, and containers of
+those, so no object of the state ends up reached twice. The footprint is the set of
+``(A, p)``; the caller finds each key from the call's arguments. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from typing import Any
+
+from sandbox.readonly import _MISSING, BUILTINS, CHANGING, _Body, _names
+
+# Builtins whose result holds nothing of their arguments.
+_IMMUTABLE = frozenset({"str", "int", "float", "bool", "len", "round", "abs", "repr", "format", "ord", "chr"})
+_CONTAINER_BUILDERS = frozenset({"dict", "list", "tuple", "set", "frozenset"})
+
+Footprint = frozenset[tuple[str, str]]
+
+
+class Confined(_Body):
+    """One function's proof that it changes only entries named by its parameters."""
+
+    def __init__(self, proof: Any, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        super().__init__(proof, node)
+        self.roots: dict[str, tuple[str, str]] = {}  # local -> the entry it is (a path below)
+        self.footprint: set[tuple[str, str]] = set()
+        self.removes: set[tuple[str, str]] = set()  # entries it may delete (and so move, re-added)
+        self.calls: set[int] = set()  # ids of the attribute nodes that are called
+
+    def proven(self) -> bool:
+        self.calls = {id(node.func) for node in ast.walk(self.node) if isinstance(node, ast.Call)}
+        self._find_roots()
+        return super().proven() and bool(self.footprint)
+
+    def _find_roots(self) -> None:
+        """Locals bound only to a path below one entry (``r = self.A[p]``, ``t = r["tags"]``)."""
+        for _ in range(3):  # aliases of aliases, a few levels deep
+            bound: dict[str, set[tuple[str, str] | None]] = {}
+            for node in ast.walk(self.node):
+                targets: list[ast.AST] = []
+                value: ast.AST | None = None
+                if isinstance(node, ast.Assign):
+                    targets, value = list(node.targets), node.value
+                elif isinstance(node, ast.AnnAssign):
+                    targets, value = [node.target], node.value
+                elif isinstance(node, (ast.AugAssign, ast.For, ast.comprehension, ast.NamedExpr)):
+                    targets = [node.target]
+                for target in targets:
+                    for name in _names(target):  # type: ignore[arg-type]
+                        root = self._root(value) if isinstance(target, ast.Name) and value is not None else None
+                        bound.setdefault(name, set()).add(root)
+            self.roots = {name: next(iter(found)) for name, found in bound.items()  # type: ignore[misc]
+                          if len(found) == 1 and None not in found}
+
+    def _bindings(self) -> bool:
+        if not super()._bindings():
+            return False
+        for name in self.roots:  # an alias is neither a made container nor a number
+            self.made.discard(name)
+            self.numbers.discard(name)
+        return True
+
+    def _root(self, node: ast.AST | None) -> tuple[str, str] | None:
+        """The entry ``node`` is, or is below: ``self.A[p]...`` or an alias of one."""
+        chain = node
+        while isinstance(chain, ast.Subscript):
+            inner = chain.value
+            if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "self":
+                return self._entry(inner.attr, chain.slice)
+            chain = inner
+        if isinstance(chain, ast.Name) and chain.id in self.roots:
+            return self.roots[chain.id]
+        return None
+
+    def _entry(self, attribute: str, key: ast.AST) -> tuple[str, str] | None:
+        if attribute.startswith("_") or not isinstance(key, ast.Name) or key.id not in self.params:
+            return None
+        # An instance attribute: nothing of that name on the class (no property, no method).
+        if inspect.getattr_static(self.proof.cls, attribute, _MISSING) is not _MISSING:
+            return None
+        return attribute, key.id
+
+    def _changes(self, target: ast.AST) -> bool:
+        """A store into (or delete of) an entry, or something below one: it joins the footprint."""
+        if not isinstance(target, ast.Subscript):
+            return False
+        root = self._root(target)
+        if root is None or not self._expression(target.slice):
+            return False
+        if not (isinstance(target.value, ast.Attribute) or self._expression(target.value)):
+            return False
+        self.footprint.add(root)
+        return True
+
+    def _statement(self, node: ast.stmt) -> bool:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript) \
+                and self._root(node.targets[0]) is not None:
+            return self._changes(node.targets[0]) and self._fresh(node.value)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Subscript) \
+                and self._root(node.target) is not None:
+            return self._changes(node.target) and self._fresh(node.value)
+        if isinstance(node, ast.Delete) and any(self._root(target) is not None for target in node.targets):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute):
+                    root = self._root(target)
+                    if root is not None:
+                        self.removes.add(root)
+            return all(isinstance(target, ast.Name) or self._store_into_made(target) or self._changes(target)
+                       for target in node.targets)
+        return super()._statement(node)
+
+    def _attribute(self, node: ast.Attribute) -> bool:
+        if node.attr in CHANGING and id(node) in self.calls:
+            root = self._root(node.value)
+            if root is not None:
+                self.footprint.add(root)
+                return True
+        return super()._attribute(node)
+
+    def _call(self, node: ast.Call) -> bool:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in CHANGING and self._root(func.value) is not None:
+            return all(self._fresh(arg) for arg in node.args) and all(self._fresh(k.value) for k in node.keywords)
+        return super()._call(node)
+
+    def _fresh(self, node: ast.AST) -> bool:
+        """Whether a value holds no object of the state (it may be stored into it)."""
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in self.params or node.id in self.numbers
+        if isinstance(node, (ast.JoinedStr, ast.Compare, ast.UnaryOp)):
+            return self._expression(node)  # a string, a bool, a number: never a container
+        if isinstance(node, ast.BinOp):
+            return self._fresh(node.left) and self._fresh(node.right)
+        if isinstance(node, ast.BoolOp):
+            return all(self._fresh(value) for value in node.values)
+        if isinstance(node, ast.IfExp):
+            return self._expression(node.test) and self._fresh(node.body) and self._fresh(node.orelse)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return all(self._fresh(item) for item in node.elts)
+        if isinstance(node, ast.Dict):
+            return all(key is None or self._fresh(key) for key in node.keys) and all(map(self._fresh, node.values))
+        if isinstance(node, ast.Starred):
+            return self._fresh(node.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BUILTINS \
+                and node.func.id not in vars(self.proof.module):
+            if node.func.id in _IMMUTABLE:
+                return self._expression(node)
+            if node.func.id in _CONTAINER_BUILDERS:
+                return all(self._fresh(arg) for arg in node.args) and all(self._fresh(k.value) for k in node.keywords)
+        return False
