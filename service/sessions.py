@@ -373,6 +373,12 @@ class Sessions:
         limit = self.limits.max_record_bytes
         if len(text) <= limit or record.get("kind") != "call":
             return text
+        if "_parts" in record:  # what the step changed goes first: a past state is then replayed
+            record.pop("_parts")
+            record["_state"] = "whole"
+            text = json.dumps(record)
+            if len(text) <= limit:
+                return text
         if not record["diff"].get("truncated"):
             record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
                               "bytes": len(json.dumps(record["diff"]))}

@@ -160,3 +160,36 @@ def test_forks_at_past_steps_work_after_a_restart(tmp_path: Path, redis_url: str
         keys = list(store.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:
             store.delete(*keys)
+
+
+BIG_ENTRY = '''
+class Big:
+    def __init__(self, config=None):
+        self.items = {"a": {"text": "x" * 6000, "n": 0}}
+
+    def bump(self) -> int:
+        """Count one more."""
+        self.items["a"]["n"] += 1
+        return self.items["a"]["n"]
+'''
+
+
+def test_a_step_whose_parts_would_pass_the_record_bound_keeps_its_diff_and_is_replayed(tmp_path: Path) -> None:
+    """The parts a step changed are kept with its record only while they fit the record bound:
+    the diff, arguments and result come first, and a past state is then rebuilt by replaying."""
+    server = start_server(tmp_path, extra_env={"ENVFOUNDRY_MAX_RECORD_BYTES": "4096"})
+    try:
+        with server.client() as client:
+            added = client.post("/v1/environments", json={"env_id": "big_entry", "class_name": "Big",
+                                                          "code": BIG_ENTRY})
+            assert added.status_code in (200, 201), added.text
+            sid = client.post("/v1/sessions", json={"env_id": "big_entry"}).json()["session_id"]
+            for _ in range(2):
+                _call(client, sid, "bump")
+            steps = client.get(f"/v1/sessions/{sid}/trajectory").json()["steps"]
+            assert steps[0]["diff"]["changed"] == [{"path": "/items/a/n", "old": 0, "new": 1}]
+            assert _state(client, sid, 1)["state"]["items"]["a"]["n"] == 1
+            forked = client.post(f"/v1/sessions/{sid}/fork", json={"step": 1}).json()["session_ids"][0]
+            assert _state(client, forked)["state"]["items"]["a"] == {"text": "x" * 6000, "n": 1}
+    finally:
+        server.stop()
