@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import operator
+from collections.abc import Callable
 from itertools import compress
 from typing import Any
 
@@ -149,6 +150,50 @@ def problem(changes: Any, limit: int) -> str | None:
     except (DeltaError, ValueError, RecursionError) as exc:
         return f"a delta that does not parse ({str(exc)[:200]})"
     return None
+
+
+def apply(target: dict[str, Any], fields: dict[str, str], decode: Callable[[str], Any]) -> None:
+    """Make ``target`` (an instance's attributes, holding the base) hold what ``compose`` of the
+    base and ``fields`` reads back: each named part decoded (``decode``) and put where the text
+    puts it, parts kept in place, added ones last in their order.
+
+    Raises:
+        DeltaError: a field names a part its tag says the base has and ``target`` does not.
+    """
+    top: dict[str, str] = {}
+    nested: dict[str, dict[str, str]] = {}
+    for name, value in fields.items():
+        path = _path(name)
+        if len(path) == 1:
+            top[path[0]] = value
+        else:
+            nested.setdefault(path[0], {})[path[1]] = value
+    for name, changes in nested.items():
+        if name not in top:  # (a whole attribute's text wins over its entries', as in ``compose``)
+            entries = target.get(name)
+            if type(entries) is not dict:
+                raise DeltaError(f"entries of {name!r}, which is not a dict here")
+            _apply_level(entries, changes, decode)
+    _apply_level(target, top, decode)
+
+
+def _apply_level(target: dict[str, Any], changes: dict[str, str], decode: Callable[[str], Any]) -> None:
+    added: list[tuple[int, str, str]] = []
+    for key, value in changes.items():
+        tag, text = value[:1], value[1:]
+        if tag == "=" or tag == "-":
+            if key not in target:
+                raise DeltaError(f"{key!r} is not a part of the base")
+            if tag == "=":
+                target[key] = decode(text)
+            else:
+                del target[key]
+        else:
+            seq, _, text = text.partition(":")
+            added.append((int(seq), key, text))
+    for _, key, text in sorted(added):
+        target.pop(key, None)  # a part removed and added again moves to the end
+        target[key] = decode(text)
 
 
 class Delta:

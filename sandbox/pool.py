@@ -160,6 +160,12 @@ class Stored:
 
     text: str
     delta: dict[str, str] | None = None
+    # When the state is a base plus ``delta`` and the base is a template's initial state: its key,
+    # config and digest. A worker holding that template rebuilds the session as a fork of it with
+    # the delta applied, instead of decoding ``text``.
+    template: str | None = None
+    init_config: dict[str, Any] | None = None
+    base: str = ""
 
 
 class WorkerPool:
@@ -571,6 +577,8 @@ class WorkerPool:
             message["state"] = state.text
             if state.delta is not None:
                 message["delta"] = state.delta
+                if state.template is not None and state.base:
+                    message.update(template=state.template, init_config=state.init_config or {}, known=state.base)
         elif state is not None:
             message["state"] = state
         prefer = None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox import codec, view
-from sandbox.deltas import Delta
+from sandbox.deltas import Delta, DeltaError, apply
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
 from sandbox.parts import Parts, Unwatched, blob, shares
 from sandbox.readonly import ReadOnly
@@ -137,7 +137,8 @@ class LiveSession:
             self._based(request, None)
             return answer, True
         if "state" in request:
-            self._adopt(request["state"])
+            if not self._from_template(request):
+                self._adopt(request["state"])
             self._based(request, request.get("delta"))
         try:
             return self._call(request), True
@@ -161,6 +162,36 @@ class LiveSession:
         state = public_state(self.instance)
         self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", 1 << 24)), state)
         return {"state": self.text}
+
+    def _from_template(self, request: dict[str, Any]) -> bool:
+        """Become the stored state from the template's instance this process was forked from, by
+        applying the session's delta to it (``known``: the digest of the base the delta is
+        against): decoding only the parts the delta names, not the whole state. False when it
+        cannot (another base, a state that is not watched, a delta that does not fit); the
+        caller then decodes the whole state."""
+        fields, text = request.get("delta"), request["state"]
+        if not (self.digest and request.get("known") == self.digest and isinstance(fields, dict)
+                and self.parts is not None and self.parts.watched):
+            return False
+        self.digest = ""  # whatever happens, no longer the template's state
+        module = self.module
+
+        def decode(part: str) -> Any:
+            return codec.decode(json.loads(part), resolver(module))
+
+        try:
+            apply(vars(self.instance), fields, decode)
+            self._sync()
+        except (DeltaError, Unwatched, codec.CodecError, ValueError, TypeError, KeyError, RecursionError):
+            return False
+        return bool(self.text == text)  # exactly the stored state, or it is decoded after all
+
+    def _sync(self) -> None:
+        """Bring the parts to what the instance now holds (a function of its own: no variable of
+        it may hold an object of the state when the watch counts holders)."""
+        assert self.parts is not None
+        self.parts.watch(public_state(self.instance))
+        self._text, self.print, self.shown = None, None, None
 
     def _adopt(self, text: str) -> None:
         factory: Any = self.cls  # restore without __init__: the state is already built

@@ -83,6 +83,10 @@ RESIDENT_IDLE = 600.0
 MEMORY_SLACK = 32 << 20
 # Scenarios' initial states kept built per worker (templates), least recently used first.
 MAX_TEMPLATES = 8
+# A cold session whose state is kept against a template's initial state is rebuilt as a fork of
+# that template, with its delta applied, when the worker holds the template; it builds the
+# template first only for a state at least this large (decoding a small one is quicker).
+TEMPLATE_REBUILD_BYTES = 256 * 1024
 NEED_STATE = "need_state"
 # Call errors raised before environment code ran: the resident is still what was stored.
 UNTOUCHED = frozenset({"unknown_tool", "invalid_arguments"})
@@ -534,7 +538,7 @@ class Runtime:
         """A fork to become the session's resident: of the scenario's template when the request
         names one (its instance is built already), else of the environment's host."""
         key = request["env"]
-        template = self._template(host, request) if request["op"] == "init" else None
+        template = self._template(host, request) if request["op"] == "init" or _from_template(request) else None
         taken = self._take_fork(template) if template is not None else None
         if taken is not None and template is not None:
             return Resident(key, *taken, parent=template)
@@ -558,7 +562,7 @@ class Runtime:
         None when the request names none or the instance cannot be built ahead (the caller then
         forks the environment's host, and the init reports what went wrong)."""
         name = request.get("template")
-        if request.get("op") != "init" or type(name) is not str or not name:
+        if type(name) is not str or not name:
             return None
         key = f"{request['env']}:{name}"
         template = self.templates.pop(key, None)
@@ -566,6 +570,8 @@ class Runtime:
             template.used = time.monotonic()
             self.templates[key] = template  # most recently used last
             return template
+        if request.get("op") != "init" and len(request.get("state") or "") < TEMPLATE_REBUILD_BYTES:
+            return None  # a small state decodes faster than a template builds
         while len(self.templates) >= MAX_TEMPLATES:
             self._end_template(next(iter(self.templates)))
         template = self._build_template(host, request)
@@ -784,6 +790,12 @@ class Runtime:
                     os.unlink(entry.path)
             except OSError:
                 pass
+
+
+def _from_template(request: dict[str, Any]) -> bool:
+    """A call bringing a state kept against a template's initial state (see ``Stored``)."""
+    return request["op"] == "call" and "state" in request and isinstance(request.get("delta"), dict) \
+        and type(request.get("known")) is str
 
 
 def _answer_cap(request: dict[str, Any]) -> int:

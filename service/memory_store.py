@@ -192,6 +192,7 @@ class MemoryStore:
             expires_at=entry.expires_at,
             trajectory=list(entry.trajectory) if trajectory else [],
             initial_digest=entry.base[1] if entry.base is not None else "",
+            state_digest=entry.state_base[1] if entry.state_base is not None else "",
         )
 
     async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:

@@ -660,7 +660,8 @@ class RedisStore:
             if not fields or (self.cluster and await self._bases(_base_names(fields)) is None):
                 return None
             return Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
-                            initial_digest=_digest(fields.get("initial_base")))
+                            initial_digest=_digest(fields.get("initial_base")),
+                            state_digest=_digest(fields.get("state_base")))
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(k.meta)
             pipe.get(k.state)
@@ -687,6 +688,7 @@ class RedisStore:
             expires_at=time.time() + self.ttl,
             trajectory=list(results[4]) if trajectory else [],
             initial_digest=_digest(initial_base),
+            state_digest=_digest(meta.get("state_base")),
         )
 
     async def _composed(self, meta: dict[str, str], state: str | None, fields: dict[str, str],
@@ -904,7 +906,8 @@ class RedisStore:
         pairs = iter(meta)
         fields = dict(zip(pairs, pairs, strict=True))
         snap = Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
-                        initial_digest=_digest(fields.get("initial_base")))
+                        initial_digest=_digest(fields.get("initial_base")),
+                            state_digest=_digest(fields.get("state_base")))
         held = Held(snap, token, bases=_base_names(fields))
         if self.cluster and held.bases:
             await self._touch_bases(held.bases)

@@ -281,6 +281,15 @@ class Sessions:
             await self._store(self.store.forget(snap.meta.tenant, [session_id]))
         raise NotFound(f"session '{session_id}' not found: its environment '{snap.meta.env_id}' was deleted")
 
+    async def _template_scenario(self, snap: Snapshot) -> Scenario | None:
+        """The scenario whose initial state a session's state is kept against, if it is."""
+        if not snap.state_digest or snap.state_digest != snap.initial_digest:
+            return None
+        try:
+            return await self.scenario_of(snap)
+        except NotFound:
+            return None
+
     async def scenario_of(self, snap: Snapshot) -> Scenario | None:
         if snap.meta.scenario_id is None:
             return None
@@ -463,7 +472,12 @@ class Sessions:
             found: tuple[str, dict[str, str] | None] | None = await self._store(self.store.stored(session_id))
             if found is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
-            return Stored(*found)
+            scenario = await self._template_scenario(snap)
+            if scenario is None or found[1] is None:
+                return Stored(*found)
+            # Its base is the scenario's initial state: a worker may start it from that template.
+            template = self._template_key(snap.meta.tenant, env, scenario.scenario_id, scenario.init_config)
+            return Stored(*found, template=template, init_config=scenario.init_config, base=snap.state_digest)
 
         return arguments, await self.pool.session_call(env_code(env), session_id, snap.meta.step, stored_state,
                                                        name, arguments, deltas=True)

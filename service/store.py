@@ -109,6 +109,7 @@ class Snapshot:
     expires_at: float
     trajectory: list[str] = field(default_factory=list)
     initial_digest: str = ""  # when the initial state is a base: its digest (see ``create_group``)
+    state_digest: str = ""  # when the state is a base plus a delta: the base's digest
 
 
 @dataclass

@@ -281,3 +281,53 @@ def test_a_confined_write_looks_only_at_the_entries_it_names(module: Any, monkey
     run.call("add", key="NEW", item={"name": "n", "tags": [], "price": 1})  # an entry added: keys looked at
     run.call("remove", key="I012")  # one that may delete: its dict looked at
     assert whole == ["x", "x"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_cold_session_is_rebuilt_from_its_template_and_delta_exactly(
+        module: Any, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A session kept as a template's initial state plus a delta comes back in a fork of the
+    template by decoding only the parts its delta names, to exactly the stored state."""
+    from sandbox.deltas import Base, compose
+
+    rng = random.Random(seed)
+    live = LiveSession(module, module.Shop)
+    live.handle({"op": "init", "init_config": {}, "deltas": True})
+    for _ in range(rng.randrange(1, 25)):
+        key = rng.choice(sorted(vars(live.instance)["items"]))
+        name, arguments = rng.choice([("set_price", {"key": key, "price": rng.randrange(9)}),
+                                      ("tag", {"key": key, "tag": 1}),
+                                      ("add", {"key": f"N{rng.randrange(9)}", "item": {"name": "n", "tags": [], "price": 0}}),
+                                      ("remove", {"key": key}), ("move_to_end", {"key": key}),
+                                      ("log_line", {"line": "x"})])
+        answer, _ = live.handle({"op": "call", "name": name, "arguments": arguments, "deltas": True})
+        assert answer["ok"], answer
+    assert live.delta is not None
+    fields = dict(live.delta.fields)
+    template = LiveSession(module, module.Shop)
+    template.prepare({"op": "init", "init_config": {}})
+    stored = compose(Base(template.text), fields)
+    assert stored == live.text
+    decoded: list[str] = []
+    original = LiveSession._adopt
+    monkeypatch.setattr(LiveSession, "_adopt", lambda self, text: decoded.append("whole") or original(self, text))
+    request = {"op": "call", "name": "set_price", "arguments": {"key": "I001", "price": 42}, "deltas": True,
+               "state": stored, "delta": fields, "known": template.digest}
+    answer, kept = template.handle(request)
+    assert kept and answer["ok"] and decoded == []
+    live_answer, _ = live.handle({k: v for k, v in request.items() if k not in ("state", "delta", "known")})
+    assert template.text == live.text == _expected(template)
+    assert (answer.get("delta"), answer["diff"]) == (live_answer.get("delta"), live_answer["diff"])
+
+
+def test_a_delta_against_another_base_decodes_the_whole_state(module: Any) -> None:
+    template = LiveSession(module, module.Shop)
+    template.prepare({"op": "init", "init_config": {}})
+    other = LiveSession(module, module.Shop)
+    other.handle({"op": "init", "init_config": {}, "deltas": True})
+    other.handle({"op": "call", "name": "set_price", "arguments": {"key": "I001", "price": 5}, "deltas": True})
+    assert other.delta is not None
+    request = {"op": "call", "name": "get", "arguments": {"key": "I001"}, "deltas": True, "state": other.text,
+               "delta": dict(other.delta.fields), "known": "0" * 64}
+    answer, kept = template.handle(request)
+    assert kept and answer["result"]["price"] == 5 and template.text == other.text
