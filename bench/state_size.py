@@ -160,6 +160,20 @@ def main() -> None:
     for name in small:
         ratio = large[name] / small[name] if small[name] else float("nan")
         print(f"{name:>14} {small[name]:>9.1f} {large[name]:>9.1f} {ratio:>11.1f}x")
+    print(targets(small, large))
+
+
+def targets(small: dict[str, float], large: dict[str, float]) -> str:
+    """The issue's targets, each as measured in this run."""
+    def check(label: str, value: float, bound: float, unit: str = "x") -> str:
+        return f"{label} {value:.1f}{unit} {'met' if value <= bound else 'MISSED'} (<= {bound:g}{unit})"
+
+    lines = [check(f"{name} 3 MB / 4 KB", large[name] / small[name], 2) for name in ("create", "read", "write")
+             if small.get(name)]
+    lines.append(check("fork at step 1 / at the current step, 3 MB", large["fork@1"] / large["fork"], 2))
+    if "redis KiB" in large:
+        lines.append(check("Redis per session, 3 MB, KiB (besides its trajectory)", large["redis KiB"], 64, ""))
+    return "targets:\n  " + "\n  ".join(lines)
 
 
 if __name__ == "__main__":
