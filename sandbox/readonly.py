@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import operator
 import types
 from typing import Any
 
@@ -67,6 +68,7 @@ class ReadOnly:
         self.module = module
         self.cls = cls
         self.tools: frozenset[str] = frozenset()
+        self.mro: tuple[type, ...] = ()
         # tool -> the entries it may change, and those it may delete (see ``sandbox.footprint``)
         self.confined: dict[str, tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]] = {}
         self.looked: dict[str, Any] = {}
@@ -89,6 +91,12 @@ class ReadOnly:
             if node is not None and (confined := Confined(proof, node)).proven():
                 self.confined[name] = frozenset(confined.footprint), frozenset(confined.removes)
         self.looked, self.codes = proof.looked, proof.codes
+        # What a call checks the proofs against (``_unchanged``): the names as the class's MRO
+        # resolves them now (a name the metaclass alone has resolves otherwise: no proof holds).
+        self.mro = cls.__mro__
+        self.looked = {name: next((vars(k)[name] for k in self.mro if name in vars(k)), _MISSING)
+                       if found is _MISSING or isinstance(found, types.FunctionType) or _builtin_data(found)
+                       else found for name, found in self.looked.items()}
 
     def proven(self, name: str) -> bool:
         return name in self.tools and self._unchanged()
@@ -118,10 +126,16 @@ class ReadOnly:
         return out
 
     def _unchanged(self) -> bool:
-        if _custom_lookup(self.cls):
+        """Whether the class, its methods' code, the module and the builtins still hold what the
+        proofs relied on (on every call: a look at a few dicts, not a walk)."""
+        mro = self.cls.__mro__
+        if mro is not self.mro:
+            return False  # (its bases were replaced)
+        found_in = [vars(klass) for klass in mro]
+        if any(name in names for names in found_in[:-1] for name in _LOOKUPS):
             return False
         for name, found in self.looked.items():
-            now = inspect.getattr_static(self.cls, name, _MISSING)
+            now = next((names[name] for names in found_in if name in names), _MISSING)
             if now is not found or not (isinstance(now, types.FunctionType) or now is _MISSING or _builtin_data(now)):
                 return False
         if any(function.__code__ is not code for function, code in self.codes):
@@ -129,12 +143,14 @@ class ReadOnly:
         names = vars(self.module)
         table = names.get("__builtins__", builtins)
         table = vars(table) if isinstance(table, types.ModuleType) else table
-        return not any(name in names or table.get(name, _MISSING) is not GENUINE[name]
-                       for name in BUILTINS if name in GENUINE)
+        return names.keys().isdisjoint(GENUINE) and all(map(operator.is_, map(table.get, GENUINE), GENUINE.values()))
+
+
+_LOOKUPS = ("__getattribute__", "__getattr__")
 
 
 def _custom_lookup(cls: type) -> bool:
-    for name in ("__getattribute__", "__getattr__"):
+    for name in _LOOKUPS:
         found = inspect.getattr_static(cls, name, None)
         if found is not None and found is not getattr(object, name, None):
             return True
