@@ -64,14 +64,7 @@ def compose(base: Base, fields: dict[str, str]) -> str:
     Raises:
         DeltaError: a field names a part its tag says the base has and it does not (or the reverse).
     """
-    top: dict[str, str] = {}
-    nested: dict[str, dict[str, str]] = {}
-    for name, value in fields.items():
-        path = _path(name)
-        if len(path) == 1:
-            top[path[0]] = value
-        else:
-            nested.setdefault(path[0], {})[path[1]] = value
+    top, nested = _by_attribute(fields)
     members = []
     for name, (member, entries) in base.members.items():
         change = top.get(name)
@@ -110,6 +103,19 @@ def _joined(kept: dict[str, str], changed: dict[str, str], placed: list[str] | N
             tail.append((int(seq), f"{_dumps(key)}:{text}"))
     tail.sort()
     return ",".join([*placed, *(member for _, member in tail)])
+
+
+def _by_attribute(fields: dict[str, str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Fields split into whole attributes and, per attribute, its entries."""
+    top: dict[str, str] = {}
+    nested: dict[str, dict[str, str]] = {}
+    for name, value in fields.items():
+        path = _path(name)
+        if len(path) == 1:
+            top[path[0]] = value
+        else:
+            nested.setdefault(path[0], {})[path[1]] = value
+    return top, nested
 
 
 def _path(name: str) -> list[str]:
@@ -160,14 +166,7 @@ def apply(target: dict[str, Any], fields: dict[str, str], decode: Callable[[str]
     Raises:
         DeltaError: a field names a part its tag says the base has and ``target`` does not.
     """
-    top: dict[str, str] = {}
-    nested: dict[str, dict[str, str]] = {}
-    for name, value in fields.items():
-        path = _path(name)
-        if len(path) == 1:
-            top[path[0]] = value
-        else:
-            nested.setdefault(path[0], {})[path[1]] = value
+    top, nested = _by_attribute(fields)
     for name, changes in nested.items():
         if name not in top:  # (a whole attribute's text wins over its entries', as in ``compose``)
             entries = target.get(name)

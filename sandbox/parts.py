@@ -216,7 +216,8 @@ class Parts:
         return part
 
     def update(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
-        """The encoded text of ``state`` (a tree) and its diff from the previous one.
+        """The encoded text of ``state`` (a tree) and its diff from the previous one (for parts that
+        are not watched: watched ones are brought up to date by ``watch``).
 
         Raises:
             codec.CodecError: a changed part cannot be encoded (nothing is updated then).
@@ -370,8 +371,7 @@ class Parts:
         for key, before in old.entries.items():
             if key not in value:
                 diff["removed"].append({"path": pointer(path, _shown_key(key)), "value": before.shown})
-        slices = watch.slices(list(value.values())) if self.watched else None
-        return Part(name, b"" if self.watched else data, None, None, 1, entries, slices, _entries_size(name, entries))
+        return Part(name, data, None, None, 1, entries, None, _entries_size(name, entries))
 
 
 def _footprint_entries(value: dict[str, Any], old: Part, keys: set[str]) -> _EntryChanges:

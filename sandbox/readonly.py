@@ -72,7 +72,7 @@ class ReadOnly:
         # tool -> the entries it may change, and those it may delete (see ``sandbox.footprint``)
         self.confined: dict[str, tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]] = {}
         self.looked: dict[str, Any] = {}
-        self.codes: list[tuple[types.FunctionType, types.CodeType]] = []
+        self.codes: list[tuple[types.FunctionType, types.CodeType]] = []  # each method's, as proven
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
@@ -90,7 +90,7 @@ class ReadOnly:
             node = proof.definition(name)
             if node is not None and (confined := Confined(proof, node)).proven():
                 self.confined[name] = frozenset(confined.footprint), frozenset(confined.removes)
-        self.looked, self.codes = proof.looked, proof.codes
+        self.looked, self.codes = proof.looked, list(proof.codes.items())
         # What a call checks the proofs against (``_unchanged``): the names as the class's MRO
         # resolves them now (a name the metaclass alone has resolves otherwise: no proof holds).
         self.mro = cls.__mro__
@@ -164,7 +164,7 @@ class _Proof:
         self.classes = classes
         self.known: dict[str, bool] = {}
         self.looked: dict[str, Any] = {}  # class-level names looked up, and what they were
-        self.codes: list[tuple[types.FunctionType, types.CodeType]] = []
+        self.codes: dict[types.FunctionType, types.CodeType] = {}
 
     def method(self, name: str) -> bool:
         if name not in self.known:
@@ -185,7 +185,7 @@ class _Proof:
         if not isinstance(function, types.FunctionType) or function.__module__ != self.module.__name__:
             return None
         self.looked[name] = function
-        self.codes.append((function, function.__code__))
+        self.codes[function] = function.__code__
         return self._definition(owner, name, function)
 
     def _definition(self, owner: type, name: str,
