@@ -46,6 +46,10 @@ READ_P50_MS = 1.0
 READ_PER_SECOND = 1000.0
 CREATE_P50_MS = 2.0
 DOCKER_OVER_PROCESS = 1.5
+# Targets of issue 20 (a tool call is one straight hop), against the bare baseline in the same run.
+HOP_THROUGHPUT = 0.5  # calls/s at c=16, at least this share of the baseline's
+HOP_P50 = 2.5  # p50 at c=1, at most this multiple of the baseline's
+HOP_CPU = 2.0  # server CPU per call at c=16, at most this multiple of the baseline's
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,19 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             # Independent of what else the shared CPU ran: the CPU a call costs bounds calls/s per core.
             add(name, "read 4k CPU per call <= 1.0 ms (1000 calls/s per core)", cpu, 1000 / READ_PER_SECOND,
                 cpu <= 1000 / READ_PER_SECOND)
+    base = res["read_4k_c16"].get(BASELINE)
+    for name in SERVICE_SYSTEMS:
+        if base is None or name not in res["read_4k_c1"]:
+            continue
+        rate = res["read_4k_c16"][name]["per_second"]
+        add(name, "hop: read 4k calls/s (c=16) >= 0.5x baseline", rate / base["per_second"], HOP_THROUGHPUT,
+            rate >= HOP_THROUGHPUT * base["per_second"])
+        p50 = res["read_4k_c1"][name]["p50_ms"]
+        add(name, "hop: read 4k p50 (c=1) <= 2.5x baseline", p50 / res["read_4k_c1"][BASELINE]["p50_ms"], HOP_P50,
+            p50 <= HOP_P50 * res["read_4k_c1"][BASELINE]["p50_ms"])
+        cpu, base_cpu = res["read_4k_c16"][name]["cpu_ms_per_request"], base["cpu_ms_per_request"]
+        if cpu is not None and base_cpu:
+            add(name, "hop: CPU per call (c=16) <= 2x baseline's", cpu / base_cpu, HOP_CPU, cpu <= HOP_CPU * base_cpu)
     if "docker/redis" in res["read_4k_c1"] and "process/redis" in res["read_4k_c1"]:
         for metric in METRICS:
             if metric.throughput:
@@ -365,9 +382,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"skipped {name}: {reason}")
     for name, notes in report["notes"].items():
         lines.append(f"note {name}: {'; '.join(notes)}")
-    lines += ["", "targets (issue 7)"]
+    lines += ["", "targets (issue 7; 'hop:' issue 20, as ratios to the baseline)"]
     for row in report["targets"]:
-        unit = "/s" if row["target"].startswith(("read 4k c=16", "aim:")) else " ms"
+        unit = "/s" if row["target"].startswith(("read 4k c=16", "aim:")) else \
+            "x" if row["target"].startswith("hop:") else " ms"
         lines.append(f"  [{'met ' if row['met'] else 'MISS'}] {row['system']:<15} {row['target']:<58} "
                      f"{row['value']:.2f}{unit} vs {row['limit']:.2f}{unit}")
     return "\n".join(lines)

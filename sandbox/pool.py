@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections import Counter, OrderedDict, deque
@@ -18,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import deltas, protocol
+from sandbox import answers, lane, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 
 log = logging.getLogger("envfoundry.sandbox")
@@ -43,10 +42,10 @@ STEAL_AFTER = 0.05
 # idle workers are pinged this often, and a dead one is replaced.
 PING_EVERY = 5.0
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
-CALL_ERRORS = frozenset(
-    {"unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"}
-)
+CALL_ERRORS = answers.CALL_ERRORS
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
+# How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
+LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
 # How often a worker is asked for its memory figures (on a request it serves anyway).
 STATS_EVERY = 1.0
 # Encoded initial states kept by template (least recently used out first), in characters.
@@ -114,6 +113,11 @@ class Worker:
     containment: dict[str, Any]
     loaded: set[str] = field(default_factory=set)
     requests: int = 0
+    # Where it lends the processes of the sessions it keeps (see ``sandbox.lane``), and its /tmp.
+    lend: Any = None
+    tmp: lane.Tmp | None = None
+    unprepared: bool = False  # it has hosts without a ready fork: ask it to make them when idle
+    touched: set[str] = field(default_factory=set)  # sessions called straight since its last request
 
 
 @dataclass
@@ -190,11 +194,15 @@ class WorkerPool:
         self._idle: dict[int, Worker] = {}
         self._busy: set[int] = set()
         self._waiters: deque[_Waiter] = deque()
-        # Sessions whose instance a worker holds live: slot and the step it is at.
+        # Sessions whose instance a worker holds live: slot and the step it is at; and those whose
+        # process it lent, to be called straight (see ``sandbox.lane``).
         self._homes: dict[str, tuple[int, int]] = {}
+        self._lanes: dict[str, lane.Lane] = {}
+        self.lane_calls = 0  # of ``live_calls``, those made straight
         self._housed: Counter[int] = Counter()  # live sessions per slot, to spread new ones
         self._ids = itertools.count(1)
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[None]] = set()  # replacements being started
+        self._chores: set[asyncio.Future[None]] = set()  # requests the pool makes of idle workers
         self._pinger: asyncio.Task[None] | None = None
         self._recheck: asyncio.TimerHandle | None = None
         self._closed = False
@@ -228,19 +236,22 @@ class WorkerPool:
             await asyncio.sleep(PING_EVERY)
             await self._ping(list(self._idle))
 
-    async def _ping(self, slots: list[int]) -> None:
-        """Ping these workers if they are idle (what they must end rides along)."""
+    async def _ping(self, slots: list[int], op: str = "ping") -> None:
+        """Ping these workers if they are idle (what they must end rides along); ``prepare``: have
+        them make the forks their next sessions start from."""
         for slot in slots:
             worker = self._idle.pop(slot, None)
             if worker is None:
                 continue
             self._busy.add(slot)
             try:
-                await self._roundtrip(worker, {"op": "ping"}, GUARD_MARGIN)
+                await self._roundtrip(worker, {"op": op}, GUARD_MARGIN)
+                if op == "prepare":
+                    worker.unprepared = False  # what it could not make now waits for its next request
             except asyncio.CancelledError:  # the pool is closing: this worker is not idle for it to end
                 await worker.channel.kill()
                 raise
-            except (TimeoutError, protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError):
+            except (TimeoutError, *LOST):
                 log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
                 self._replace(worker)
             else:
@@ -283,8 +294,11 @@ class WorkerPool:
             task.cancel()
         # a ping in flight ends its worker as it is cancelled: wait for that before the backend goes
         await asyncio.gather(*background, return_exceptions=True)
-        for task in list(self._pending):
+        pending = [*self._pending, *self._chores]
+        for task in pending:
             task.cancel()
+        # (a worker asked to prepare is killed as its task is cancelled)
+        await asyncio.gather(*pending, return_exceptions=True)
         while self._idle:
             await self._idle.popitem()[1].channel.kill()
         await self.backend.close()
@@ -325,6 +339,25 @@ class WorkerPool:
         self._busy.discard(worker.slot)
         self._idle[worker.slot] = worker
         self._serve_waiters()
+        if worker.slot not in self._idle or self._closed:
+            return
+        # Calls made straight never reach the worker: what it must end, or the forks it has to
+        # make, are asked for as soon as it is free.
+        if worker.unprepared:
+            worker.unprepared = False  # (its answer says so again if it still is)
+            self._background(self._ping([worker.slot], "prepare"))
+        elif self._ending.get(worker.slot):
+            self._background(self._ping([worker.slot]))
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    @property
+    def starting(self) -> int:
+        """Workers being started in place of ones that were replaced."""
+        return len(self._pending)
 
     def _serve_waiters(self) -> None:
         self._recheck = None
@@ -345,10 +378,13 @@ class WorkerPool:
         if self._recheck is None:
             self._recheck = asyncio.get_running_loop().call_later(delay, self._serve_waiters)
 
-    def _home(self, session: str, slot: int, version: int) -> None:
+    def _home(self, session: str, slot: int, version: int, held: lane.Lane | None = None) -> None:
         self._unhome(session)
         self._homes[session] = (slot, version)
         self._housed[slot] += 1
+        if held is not None:
+            held.version = version
+            self._lanes[session] = held
         # Workers drop their least recently used residents; forget about as many here.
         while len(self._homes) > self.size * max(self.limits.residents, 1):
             self._unhome(next(iter(self._homes)))
@@ -357,6 +393,16 @@ class WorkerPool:
         home = self._homes.pop(session, None)
         if home is not None:
             self._housed[home[0]] -= 1
+        held = self._lanes.pop(session, None)
+        if held is not None:
+            held.close()
+            if home is not None:  # its worker ends the process before its next request
+                self._ending.setdefault(home[0], Ending()).sessions.add(session)
+
+    def lends(self, session: str, step: int) -> bool:
+        """Whether a call on ``session`` at ``step`` would go straight to its process."""
+        home = self._homes.get(session)
+        return home is not None and home[1] == step and session in self._lanes
 
     def forget(self, session: str) -> None:
         """The session's live instance (if a worker holds one) must not serve it again: e.g. the
@@ -370,7 +416,17 @@ class WorkerPool:
         except (TimeoutError, protocol.ProtocolError, OSError, EOFError) as exc:
             await channel.kill()
             raise WorkerLost(f"worker {slot} did not start: {exc!r}") from exc
-        return Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
+        worker = Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
+        sock = getattr(channel, "lend", None)
+        if hello.get("lends") is True and sock is not None:
+            worker.lend = sock
+            if hello.get("tmp") is True:  # (sent before the hello, so it is there already)
+                fds = lane.take(sock, 1)
+                if fds is None:
+                    worker.lend = None  # it cannot be called straight: /tmp could not be emptied
+                else:
+                    worker.tmp = lane.Tmp(fds[0], list(worker.containment.get("preserve") or []))
+        return worker
 
     def _replace(self, worker: Worker) -> None:
         """Kill ``worker`` and start another in its slot in the background."""
@@ -380,6 +436,9 @@ class WorkerPool:
         self._evicted_before[worker.slot] = self.memory.pop(worker.slot, WorkerMemory()).evicted
         for session in [s for s, (slot, _) in self._homes.items() if slot == worker.slot]:
             self._unhome(session)
+        self._ending.pop(worker.slot, None)
+        if worker.tmp is not None:
+            worker.tmp.close()
 
         async def run() -> None:
             await worker.channel.kill()
@@ -417,11 +476,15 @@ class WorkerPool:
         if now - self._stats_at.get(worker.slot, 0.0) >= STATS_EVERY:
             message["stats"] = True
             self._stats_at[worker.slot] = now
+        if worker.touched:
+            message["touched"] = sorted(worker.touched)
+            worker.touched.clear()
         await worker.channel.send(protocol.encode_frame(message))
         async with asyncio.timeout(guard):  # (no task per request, unlike wait_for)
             answer: dict[str, Any] = protocol.decode_body(await worker.channel.receive())
         if answer.get("id") != message["id"]:
             raise protocol.ProtocolError("answer does not match the request")
+        self._lent(worker, message, answer)
         reported = answer.pop("memory", None)
         if isinstance(reported, dict):
             self.memory[worker.slot] = WorkerMemory(
@@ -430,6 +493,25 @@ class WorkerPool:
                 used=reported.get("used"), limit=reported.get("limit"),
                 evicted=self._evicted_before[worker.slot] + int(reported.get("evicted") or 0))
         return answer
+
+    def _lent(self, worker: Worker, message: dict[str, Any], answer: dict[str, Any]) -> None:
+        """What a lending worker's answer says of the processes it lent: those it ended, whether
+        it has forks to make, and the descriptors of the one it has just lent (``answer["lane"]``)."""
+        if worker.lend is None:
+            return
+        worker.unprepared = answer.pop("unprepared", None) is True
+        if answer.pop("lent", None) is True:
+            held = lane.lane(worker.lend)
+            if held is not None and answer.get("error") is not None:
+                held.close()  # its answer did not pass the check: that process must go
+                self._ending.setdefault(worker.slot, Ending()).sessions.add(str(message.get("session")))
+            elif held is not None:
+                answer["lane"] = held
+        for session in answer.pop("ended", None) or ():
+            home = self._homes.get(session) if type(session) is str else None
+            if home is not None and home[0] == worker.slot and session in self._lanes:
+                self._lanes.pop(session).close()
+                self._unhome(session)
 
     async def request(self, message: dict[str, Any], env: EnvCode | None, timeout: float) -> dict[str, Any]:
         """Send one request to a free worker, loading ``env`` there first if needed.
@@ -466,7 +548,7 @@ class WorkerPool:
             healthy = answer.get("unhealthy") is not True
         except TimeoutError:
             raise WorkerLost("the sandbox worker stopped answering and was replaced") from None
-        except (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError) as exc:
+        except LOST as exc:
             raise WorkerLost(f"the sandbox worker was lost ({exc}) and replaced") from None
         finally:
             worker.requests += 1
@@ -514,6 +596,7 @@ class WorkerPool:
             message.update(session=session, next_version=0)
             if deltas:  # the state is the session's base: its calls answer what they changed
                 message["deltas"] = True
+            message["lend"] = True
             self._unhome(session)
         answer, slot = await self._request(message, env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
@@ -521,15 +604,12 @@ class WorkerPool:
             state = cached[1]
             self._initial.move_to_end(template)
         else:
-            if not isinstance(state, str):
+            if not isinstance(state, str):  # (the worker checked its size: ``answers.checked``)
                 raise RequestFailed("sandbox_error", "the init process sent an answer of the wrong shape")
-            problem = _state_problem(state, self.limits.state_bytes)
-            if problem:
-                raise RequestFailed("sandbox_error", f"the init process sent {problem}")
             if template is not None and isinstance(digest, str):
                 self._keep_initial(template, digest, state)
         if session is not None:
-            self._home(session, slot, 0)
+            self._home(session, slot, 0, answer.get("lane"))
         return state
 
     def _keep_initial(self, template: str, digest: str, state: str) -> None:
@@ -542,37 +622,102 @@ class WorkerPool:
 
     async def call(self, env: EnvCode, state: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
-        return await self._call(env, name, arguments, state, None)
+        return await self._call(env, self._call_message(env, name, arguments, False), state, None)
 
     async def session_call(self, env: EnvCode, session: str, step: int,
                            load_state: Callable[[], Awaitable[str | Stored]], name: str, arguments: dict[str, Any],
                            *, deltas: bool = False) -> CallOutcome:
-        """A call on ``session`` at ``step``: on the worker holding it live at that step if there is
-        one (the state is then never read), else with the stored state from ``load_state``. The
+        """A call on ``session`` at ``step``: straight to its process when this service holds it at
+        that step (see ``sandbox.lane``), else on the worker holding it live at that step if there
+        is one (the state is then never read), else with the stored state from ``load_state``. The
         caller must ``forget`` the session if the step the call makes is not committed. With
         ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
         carry the ``delta`` instead of the state."""
+        message = self._call_message(env, name, arguments, deltas)
         home = self._homes.get(session)
+        held = self._lanes.get(session)
+        if home is not None and home[1] == step and held is not None:
+            outcome = await self._on_lane(session, step, home[0], held, message)
+            if outcome is not None:
+                self.live_calls += 1
+                self.lane_calls += 1
+                return outcome
+            home = None  # its process is gone: the stored state rebuilds it
         state = None if home is not None and home[1] == step else await load_state()
+        outcome = await self._call(env, message, state, (session, step, home[0] if home else None))
+        if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
+            state = await load_state()
+            outcome = await self._call(env, self._call_message(env, name, arguments, deltas), state,
+                                       (session, step, None))
         if state is None:
             self.live_calls += 1
         else:
             self.rebuilt_calls += 1
-        outcome = await self._call(env, name, arguments, state, (session, step, home[0] if home else None), deltas)
-        if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
-            self.live_calls -= 1
-            self.rebuilt_calls += 1
-            outcome = await self._call(env, name, arguments, await load_state(), (session, step, None), deltas)
         return outcome
 
-    async def _call(self, env: EnvCode, name: str, arguments: dict[str, Any], state: str | Stored | None,
-                    session: tuple[str, int, int | None] | None, deltas_wanted: bool = False) -> CallOutcome:
+    def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> dict[str, Any]:
         message: dict[str, Any] = {
             "op": "call", "env": env.key, "name": name, "arguments": arguments, "timeout": self.limits.call_timeout,
             "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes,
             "max_diff_bytes": self.limits.diff_bytes}
-        if deltas_wanted:
+        if deltas:
             message["deltas"] = True
+        return message
+
+    async def _on_lane(self, session: str, step: int, slot: int, held: lane.Lane,
+                       message: dict[str, Any]) -> CallOutcome | None:
+        """The call straight to the session's process, holding its worker meanwhile; None if that
+        process can no longer serve it (the caller rebuilds it from the stored state)."""
+        worker = await self._acquire(slot)
+        healthy = True
+        try:
+            if worker.slot != slot or self._lanes.get(session) is not held or held.version != step:
+                return None  # another worker was free first, or the process moved on while we waited
+            worker.touched.add(session)
+            cap = answers.answer_cap(message)
+            started = asyncio.get_running_loop().time()
+            try:
+                answer, how = await lane.call(held, message, self.limits.call_timeout, cap)
+            except BaseException:  # cancelled: its process is ended (see ``lane.call``)
+                self._unhome(session)
+                raise
+            finally:
+                if worker.tmp is not None:
+                    worker.tmp.empty()
+            if how == "done" and answer is not None:
+                checked = answers.checked("call", answer, message)
+                failure = checked.get("error")
+                if answers.untouched(answer) and (failure is None or failure.get("type") in answers.UNTOUCHED):
+                    self._homes[session] = (slot, step + 1)
+                    held.version = step + 1
+                else:
+                    self._unhome(session)
+                return _outcome(checked)
+            self._lanes.pop(session, None)
+            held.close()
+            self._unhome(session)
+            self._ending.get(slot, Ending()).sessions.discard(session)
+            left = self.limits.call_timeout - (asyncio.get_running_loop().time() - started)
+            try:
+                collected = await self._roundtrip(worker, {
+                    "op": "collect", "session": session, "outcome": how, "timeout": self.limits.call_timeout,
+                    "cap": cap, "wait": max(left, 0.0)}, self.limits.call_timeout + 2 * GUARD_MARGIN)
+            except (TimeoutError, *LOST) as exc:
+                healthy = False
+                return _outcome({"error": answers.error("sandbox_error", f"the sandbox worker was lost ({exc!r}) "
+                                                                         "and replaced")})
+            healthy = collected.get("unhealthy") is not True
+            if collected.get("gone") is True:
+                return None  # the worker had ended it before the call reached it: rebuilt from the store
+            return _outcome(collected if isinstance(collected.get("error"), dict) else answers.malformed())
+        finally:
+            if healthy:
+                self._put(worker)
+            else:
+                self._replace(worker)
+
+    async def _call(self, env: EnvCode, message: dict[str, Any], state: str | Stored | None,
+                    session: tuple[str, int, int | None] | None) -> CallOutcome:
         if isinstance(state, Stored):
             message["state"] = state.text
             if state.delta is not None:
@@ -584,43 +729,21 @@ class WorkerPool:
         prefer = None
         if session is not None:
             sid, step, prefer = session
-            message.update(session=sid, version=step, next_version=step + 1)
+            message.update(session=sid, version=step, next_version=step + 1, lend=True)
             self._unhome(sid)  # until the worker says it kept the instance
         try:
             answer, slot = await self._request(message, env, self.limits.call_timeout, prefer)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
-                return CallOutcome(False, None, {"type": exc.kind, "message": exc.message}, None, _no_diff())
+                return _outcome({"error": {"type": exc.kind, "message": exc.message}})
             # e.g. the class failed to load in this worker: not the agent's doing
-            reason = f"{exc.kind}: {exc.message}"
-            return CallOutcome(False, None, {"type": "sandbox_error", "message": reason}, None, _no_diff())
+            return _outcome({"error": {"type": "sandbox_error", "message": f"{exc.kind}: {exc.message}"}})
         except WorkerLost as exc:
-            return CallOutcome(False, None, {"type": "sandbox_error", "message": exc.message}, None, _no_diff())
-        new_state: Any = answer.get("state")
-        diff: Any = answer.get("diff")
-        result: Any = answer.get("result")
-        delta: Any = answer.get("delta") if deltas_wanted and new_state is None else None
-        # The answer comes from a fork that ran environment code: trust nothing about it.
-        problem = None
-        if answer.get("ok") is not True or not (new_state is None or isinstance(new_state, str)) or not _is_diff(diff):
-            problem = "an answer of the wrong shape"
-        else:
-            diff = _unwalked_if_over(diff, self.limits.diff_bytes)
-            if not protocol.depth_within(result) or not protocol.depth_within(diff):
-                problem = f"a result nested deeper than {protocol.MAX_DEPTH} levels"
-            elif (size := len(json.dumps(result, ensure_ascii=False).encode())) > self.limits.result_bytes:
-                problem = f"a result of {size} bytes, over the {self.limits.result_bytes} byte limit"
-            elif new_state is not None:
-                problem = _state_problem(new_state, self.limits.state_bytes)
-            elif delta is not None:
-                problem = deltas.problem(delta, self.limits.state_bytes)
-        if problem:
-            return CallOutcome(False, None, {"type": "sandbox_error", "message": f"the call process sent {problem}"},
-                               None, _no_diff())
+            return _outcome({"error": {"type": "sandbox_error", "message": exc.message}})
+        # (the worker checked the answer of the process that ran environment code: ``answers.checked``)
         if session is not None:
-            self._home(session[0], slot, session[1] + 1)
-        rebase = deltas_wanted and new_state is not None and answer.get("rebase") is True
-        return CallOutcome(True, result, None, new_state, diff, delta, rebase)
+            self._home(session[0], slot, session[1] + 1, answer.get("lane"))
+        return _outcome(answer)
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
         if not checks:
@@ -646,27 +769,13 @@ def _failure(reported: Any) -> RequestFailed:
     return RequestFailed("sandbox_error", "the sandbox sent a malformed error")
 
 
-def _state_problem(text: str, limit: int) -> str | None:
-    """Why an encoded state from a sandbox process must not be stored, or None. The worker has
-    checked that it is a JSON object (see ``runtime._checked``); here only its size is left."""
-    size = len(text.encode())
-    if size > limit:
-        return f"a state of {size} bytes, over the {limit} byte limit"
-    return None
-
-
-def _is_diff(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(value.get(k), list) for k in ("added", "removed", "changed"))
-
-
-def _unwalked_if_over(diff: dict[str, Any], limit: int) -> dict[str, Any]:
-    """The diff's summary when it has more entries than ``limit`` bytes could hold (each takes more
-    than 8), found without walking it: the worker summarises a large diff itself, so only one that
-    did not (an older worker) gets here, and walking it on the event loop would stall every client."""
-    entries = sum(len(diff[k]) for k in ("added", "removed", "changed"))
-    if entries <= limit // 8:
-        return diff
-    return {**_no_diff(), "truncated": True}
+def _outcome(answer: dict[str, Any]) -> CallOutcome:
+    """A checked answer (``answers.checked``) as the outcome of the call."""
+    failure = answer.get("error")
+    if failure is not None:
+        return CallOutcome(False, None, {"type": failure["type"], "message": failure["message"]}, None, _no_diff())
+    return CallOutcome(True, answer.get("result"), None, answer.get("state"), answer["diff"], answer.get("delta"),
+                       answer.get("rebase") is True)
 
 
 def _no_diff() -> dict[str, list[dict[str, Any]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -24,9 +25,11 @@ WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR
 
 
 class ProcessChannel:
-    def __init__(self, process: asyncio.subprocess.Process, cgroup: str | None = None) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, cgroup: str | None = None,
+                 lend: socket.socket | None = None) -> None:
         self.process = process
         self.cgroup = cgroup
+        self.lend = lend  # where the worker hands over the pipes of the sessions it keeps
         assert process.stdin is not None and process.stdout is not None
         self._writer = process.stdin
         self._reader = process.stdout
@@ -40,6 +43,8 @@ class ProcessChannel:
         return await self._reader.readexactly(frame_length(header))
 
     async def kill(self) -> None:
+        if self.lend is not None:
+            self.lend.close()
         if self.process.returncode is None:
             try:
                 self.process.kill()
@@ -135,7 +140,22 @@ class ProcessBackend:
                                        worker_memory_mb(limits) << 20)
             except OSError as exc:
                 why_not = f"cannot make a memory cgroup for the worker ({exc})"
-        process = await asyncio.create_subprocess_exec(
+        # The worker hands the pipes of the sessions it keeps over this socket, so calls on them
+        # go from the service straight to their process (see ``sandbox.lane``).
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setblocking(False)
+        try:
+            process = await self._start(uid, cgroup, why_not, limits, theirs.fileno())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ProcessChannel(process, cgroup, ours)
+
+    async def _start(self, uid: int, cgroup: str | None, why_not: str, limits: Limits,
+                     lend_fd: int) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             self.python, "-S", "-E", "-s", "-B", str(WORKER),
             "--uid", str(uid), "--gid", str(uid),
             "--memory-mb", str(limits.memory_mb),
@@ -147,6 +167,8 @@ class ProcessBackend:
             *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
             *(("--layers-root", limits.layers_root) if limits.layers_root else ()),
             *(() if self.contain else ("--no-contain",)),
+            "--lend-fd", str(lend_fd),
+            pass_fds=(lend_fd,),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
@@ -154,7 +176,6 @@ class ProcessBackend:
             cwd="/",
             limit=1 << 20,
         )
-        return ProcessChannel(process, cgroup)
 
     async def start(self) -> None:
         return None

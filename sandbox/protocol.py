@@ -15,6 +15,8 @@ BLOB = b"\x00"
 BLOB_HEAD = struct.Struct(">Q")
 BLOB_FIELD = "$bytes"
 BLOB_MIN = 4096
+# The byte that carries descriptors a worker hands the service (see ``sandbox.lane``).
+LEND_MARK = b"L"
 # Frames carry whole states; the service enforces its own, smaller state limit.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 # How deeply a value from environment code (a result, a state) may nest. Well under what the

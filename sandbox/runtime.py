@@ -40,7 +40,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import select
@@ -51,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import channel, contain, envhost, landlock, protocol, seccomp
+from sandbox import answers, channel, contain, envhost, landlock, protocol, seccomp
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
@@ -70,8 +69,6 @@ from sandbox.memory import Gauge, share_of
 MAX_HOSTS = 16
 # How long a host may take to hand over a fork or report on one.
 HOST_GUARD = 5.0
-# Room for the JSON around a call's state and result, beyond their own limits.
-FRAME_SLACK = 1 << 20
 # Descriptors the worker itself may hold (each host costs one); calls get ``open_files``.
 WORKER_FILES = 4 * MAX_HOSTS + 64
 # Hosts run environment code, so what they say is bounded and checked like any untrusted input.
@@ -88,8 +85,6 @@ MAX_TEMPLATES = 8
 # template first only for a state at least this large (decoding a small one is quicker).
 TEMPLATE_REBUILD_BYTES = 256 * 1024
 NEED_STATE = "need_state"
-# Call errors raised before environment code ran: the resident is still what was stored.
-UNTOUCHED = frozenset({"unknown_tool", "invalid_arguments"})
 
 
 class Unhealthy(Exception):
@@ -123,14 +118,18 @@ class Resident:
     used: float = field(default_factory=time.monotonic)
     stopped: list[int] = field(default_factory=list)  # what it started, stopped with it
     parent: Host | None = None  # the host it is a fork of, which reaps it
+    lent: bool = False  # the service holds its pipes and calls it straight (see ``sandbox.lane``)
 
 
 class Runtime:
     def __init__(self, limits: WorkerLimits, *, private_tmp: bool = False, preserve: list[str] | None = None,
                  own_processes: bool = False, filter_syscalls: bool = True,
                  max_residents: int = MAX_RESIDENTS, resident_idle: float = RESIDENT_IDLE,
-                 gauge: Gauge | None = None) -> None:
+                 gauge: Gauge | None = None, lend: socket.socket | None = None) -> None:
         self.limits = limits
+        # Where the service takes the pipes of the sessions it calls straight (see ``lends``).
+        self.lend = lend
+        self.ended: list[str] = []  # lent sessions whose process ended since the last answer
         self.residents: dict[str, Resident] = {}  # by session id, least recently used first
         self.max_residents = max_residents
         self.resident_idle = resident_idle
@@ -201,31 +200,46 @@ class Runtime:
         self.paths_missing = hello.get("landlock") if self.filter_missing is None else self.filter_missing
         return pid, mine
 
+    @property
+    def lends(self) -> bool:
+        """Whether the service calls kept sessions straight (``sandbox.lane``): only where nothing
+        of a call is left for this worker to tidy but /tmp, which the service empties itself (no
+        process a call may start, no System V IPC, which the seccomp filter keeps calls from)."""
+        return self.lend is not None and self.limits.processes == 0 and self.filter_missing is None
+
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         try:
             if isinstance(request.get("ending"), dict):
                 self._end(request["ending"])
+            if isinstance(request.get("touched"), list):
+                self._touch(request["touched"])
             if op == "load":
                 self._load(request)
                 response: dict[str, Any] = {"ok": True}
             elif op == "ping":  # the pool checks idle workers are alive
                 response = {"ok": True}
+            elif op == "prepare":  # the pool asks while nothing else may run here (see ``prepare``)
+                self.prepare()
+                response = {"ok": True}
+            elif op == "collect":
+                response = self._collect(request)
             elif op == "validate":
                 answer = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
-                response = _checked(op, answer, 0)
+                response = answers.checked(op, answer, request)
             elif op in ("init", "call") and type(request.get("session")) is str:
                 answer = self._session(request)
                 failure = answer.get("error")
                 if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
                     return {"id": request.get("id"), "error": answer["error"]}
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)),
-                                    int(request.get("max_diff_bytes", 0)), request.get("known"))
+                lent = answer.pop("lent", None) is True
+                response = answers.checked(op, answer, request)
+                if lent:  # its descriptors are on their way, whatever the check found
+                    response["lent"] = True
             elif op in ("init", "call"):
                 host = self._host(request["env"])
-                answer = self._run(self._template(host, request) or host, request, _answer_cap(request))
-                response = _checked(op, answer, int(request.get("max_result_bytes", 1 << 20)),
-                                    int(request.get("max_diff_bytes", 0)), request.get("known"))
+                answer = self._run(self._template(host, request) or host, request, answers.answer_cap(request))
+                response = answers.checked(op, answer, request)
             elif op == "score":
                 response = self._score(request)
             else:
@@ -241,6 +255,10 @@ class Runtime:
             self._scrub()
         if self.unhealthy:
             response["unhealthy"] = True
+        if self.ended:
+            response["ended"], self.ended = self.ended, []
+        if self.lend is not None:
+            response["unprepared"] = self.unprepared()
         if request.get("stats") is True:
             response["memory"] = self.memory()
         response["id"] = request.get("id")
@@ -379,6 +397,8 @@ class Runtime:
             if resident.env == key:  # they die with their host (parent-death signal)
                 del self.residents[session]
                 _release(resident)
+                if resident.lent:
+                    self.ended.append(session)
         for name, template in list(self.templates.items()):
             if template.parent is host:  # and so do its templates
                 del self.templates[name]
@@ -526,12 +546,14 @@ class Runtime:
             resident = started
         else:
             del self.residents[session]  # back at the end once it answers: least recently used first
-        answer, kept = self._on_resident(resident.parent or host, resident, request, _answer_cap(request))
+        answer, kept = self._on_resident(resident.parent or host, resident, request, answers.answer_cap(request))
         if kept:
             resident.version, resident.used = int(request.get("next_version", -1)), time.monotonic()
             self.residents[session] = resident
             while len(self.residents) > self.max_residents:
                 self._end_resident(next(iter(self.residents)))
+            if session in self.residents and self.lends and request.get("lend") is True and self._lent(resident):
+                answer["lent"] = True  # (the answer is the process's own, new to this call)
         return answer
 
     def _start_resident(self, host: Host, request: dict[str, Any]) -> Resident | None:
@@ -645,7 +667,7 @@ class Runtime:
             deadline = time.monotonic() + timeout
             if _write_by(resident.request_fd, protocol.encode_frame(request), deadline):
                 answer, outcome = read_answer(resident.answer_fd, deadline, cap, keep_open=True)
-            kept = outcome == "done" and answer is not None and _untouched(answer)
+            kept = outcome == "done" and answer is not None and answers.untouched(answer)
             if kept:
                 self._stop_resident(resident)
             else:
@@ -663,6 +685,50 @@ class Runtime:
         if report is None:
             return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}, False
         return {"error": outcome_error(outcome, report & 0xFFFF, overran, timeout, cap)}, False
+
+    def _lent(self, resident: Resident) -> bool:
+        """Hand the service the kept resident's pipes and pidfd (it stays stopped; the service
+        wakes it for each call). From now on this worker never writes to it: its version is the
+        service's to know, so a request for it that brings no state is answered ``need_state``."""
+        assert self.lend is not None
+        try:
+            socket.send_fds(self.lend, [protocol.LEND_MARK], [resident.request_fd, resident.answer_fd, resident.pidfd])
+        except OSError:
+            return False
+        for fd in (resident.request_fd, resident.answer_fd):
+            _close(fd)
+        resident.request_fd = resident.answer_fd = -1
+        resident.lent, resident.version = True, -2
+        return True
+
+    def _touch(self, sessions: list[Any]) -> None:
+        """Sessions the service called straight since its last request: used now, for the order in
+        which live sessions are let go."""
+        now = time.monotonic()
+        for session in sessions:
+            resident = self.residents.pop(session, None) if type(session) is str else None
+            if resident is not None:
+                resident.used = now
+                self.residents[session] = resident
+
+    def _collect(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A lent session's process did not answer its call properly (``outcome``): end it and say
+        how it ended, as the error of that call."""
+        session, outcome = request.get("session"), str(request.get("outcome"))
+        resident = self.residents.pop(session, None) if type(session) is str else None
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        if resident is None:  # ended here before the call reached it: the call never ran
+            return {"gone": True}
+        # one whose pipe closed may run on until the call's deadline (``wait`` from now): then it overran
+        wait = min(max(float(request.get("wait", 0.0)), 0.0), timeout)
+        overran = end(resident.pid, resident.pidfd, time.monotonic() + wait if outcome == "ended" else None)
+        exited_by(resident.pid, resident.pidfd, time.monotonic() + HOST_GUARD)
+        _release(resident)
+        host = resident.parent or self.hosts.get(resident.env)
+        status = None if host is None or host.sock.fileno() < 0 else self._finish(host, resident.pid, reply=True)
+        if status is None:
+            return {"error": error(SANDBOX_ERROR, "the environment's process stopped answering and was restarted")}
+        return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, int(request.get("cap", 0)))}
 
     def _stop_resident(self, resident: Resident) -> None:
         """Stop it and, a process at a time (each before its children are listed), what it started."""
@@ -682,6 +748,8 @@ class Runtime:
         """End a session's live process; with ``wait``, only return once it is gone (and its
         memory with it)."""
         resident = self.residents.pop(session)
+        if resident.lent:
+            self.ended.append(session)
         end(resident.pid, resident.pidfd, None)
         if wait:
             exited_by(resident.pid, resident.pidfd, time.monotonic() + HOST_GUARD)
@@ -798,10 +866,6 @@ def _from_template(request: dict[str, Any]) -> bool:
         and type(request.get("known")) is str
 
 
-def _answer_cap(request: dict[str, Any]) -> int:
-    return int(request.get("max_state_bytes", 1 << 24)) + int(request.get("max_result_bytes", 1 << 20)) + FRAME_SLACK
-
-
 def _processes() -> list[tuple[int, int]]:
     """(pid, parent pid) of every process this worker can see: its own namespace's."""
     found = []
@@ -813,83 +877,6 @@ def _processes() -> list[tuple[int, int]]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
-
-
-def _checked(op: str, answer: dict[str, Any], max_result: int, max_diff: int = 0,
-             known: Any = None) -> dict[str, Any]:
-    """What the service may see of a fork's answer: only the fields of ``op``, of the right types.
-
-    The answer was written by a process that ran environment code, so it may be forged: a field
-    of the worker's own (``unhealthy``) or a result over the limit must never get through. An
-    init from a template may leave out the state the service said it ``known``s by its digest.
-    """
-    malformed = {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
-    failure = answer.get("error")
-    if failure is not None:
-        if (isinstance(failure, dict) and type(failure.get("type")) is str
-                and type(failure.get("message")) is str):
-            return {"error": error(failure["type"][:100], failure["message"][:4000])}
-        return malformed
-    if op == "init":
-        digest = answer.get("digest")
-        if type(known) is str and answer.get("state") is None and digest == known:
-            return {"state": None, "digest": known}
-        if not _readable(answer.get("state")):
-            return malformed
-        return {"state": answer["state"], **({"digest": digest[:64]} if type(digest) is str else {})}
-    if op == "validate":
-        found = answer.get("failure")
-        if answer.get("ok") is True:
-            return {"ok": True}
-        if isinstance(found, dict) and type(found.get("kind")) is str and type(found.get("message")) is str:
-            return {"ok": False, "failure": {"kind": found["kind"][:100], "message": found["message"][:4000]}}
-        return malformed
-    state, diff = answer.get("state"), answer.get("diff")
-    if answer.get("ok") is not True or not (state is None or _readable(state)) or not isinstance(diff, dict):
-        return malformed
-    result = answer.get("result")
-    size = len(json.dumps(result, ensure_ascii=False).encode())
-    if size > max_result:
-        return {"error": error(SANDBOX_ERROR, f"the call process sent a result of {size} bytes, over the "
-                                              f"{max_result} byte limit")}
-    checked = {"ok": True, "result": result, "error": None, "state": state, "diff": _bounded_diff(diff, max_diff)}
-    delta = answer.get("delta")
-    if state is None and isinstance(delta, dict):
-        checked["delta"] = delta  # (the service checks it, in time that follows its size)
-    elif state is not None and answer.get("rebase") is True:
-        checked["rebase"] = True
-    return checked
-
-
-def _bounded_diff(diff: dict[str, Any], limit: int) -> dict[str, Any]:
-    """The diff, or its summary when its JSON passes ``limit`` bytes (0: no limit): the service would
-    only cut it on its event loop, after decoding and walking it there."""
-    if not limit or not any(diff.get(k) for k in ("added", "removed", "changed")):
-        return diff
-    size = len(json.dumps(diff, ensure_ascii=False))
-    if size <= limit:
-        return diff
-    return {"added": [], "removed": [], "changed": [], "truncated": True, "bytes": size}
-
-
-def _readable(state: Any) -> bool:
-    """Whether a state a fork sent is text the service can store and read back: a JSON object (the
-    decoder's own recursion limit bounds its depth). Whether the codec's tags in it make sense is
-    the session's own affair: a view shows a tag it cannot read as ``{"$truncated": "invalid"}``,
-    and the session's next call fails as a sandbox error; no other session reads it."""
-    if type(state) is not str:
-        return False
-    try:
-        return isinstance(json.loads(state), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
-def _untouched(answer: dict[str, Any]) -> bool:
-    """Whether the process that sent ``answer`` still holds what is stored: it succeeded, or failed
-    before environment code ran (the resident applies the same rule and exits otherwise)."""
-    failure = answer.get("error")
-    return failure is None or isinstance(failure, dict) and failure.get("type") in UNTOUCHED
 
 
 def _release(resident: Resident) -> None:

@@ -17,6 +17,7 @@ import argparse
 import os
 import select
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -56,6 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="why there is no --cgroup")
     parser.add_argument("--layers-root", default="", help="folder of the package layers environments may use "
                         "(read-only; each host puts only its environment's layers on sys.path)")
+    parser.add_argument("--lend-fd", type=int, default=-1, help="a Unix socket on which the service takes the "
+                        "pipes of kept sessions, to call them straight (see sandbox.lane)")
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
     parser.add_argument("--container", action="store_true", help="the container engine confines us: verify only")
     return parser.parse_args(argv)
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # Python turns SIGINT into an exception: as PID 1 of its namespace (or behind a container's
     # init, which forwards it) the worker would otherwise die of one sent from inside.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lend = socket.socket(fileno=args.lend_fd) if args.lend_fd >= 0 else None
     # The protocol keeps private copies of stdin/stdout; fds 0-2 become /dev/null
     # so environment code that writes to them cannot corrupt frames.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: select() sees what is pending
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
                       own_processes=args.container or "processes" in report["applied"],
                       filter_syscalls=not args.no_contain, max_residents=max(0, args.residents),
-                      resident_idle=args.resident_idle, gauge=gauge)
+                      resident_idle=args.resident_idle, gauge=gauge, lend=lend)
     if runtime.filter_missing is None:
         report["applied"].append("syscalls")
     else:
@@ -112,7 +116,18 @@ def main(argv: list[str] | None = None) -> int:
         report["applied"].append("paths")
     else:
         report["missing"]["paths"] = f"/proc, /sys and /dev stay open to environment code ({runtime.paths_missing})"
-    protocol.write_frame(proto_out, {"op": "hello", "pid": os.getpid(), "containment": report})
+    hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "containment": report, "lends": runtime.lends}
+    if runtime.lends and lend is not None:
+        # The service empties /tmp after each call it makes straight, as this worker does after its own.
+        hello["tmp"] = runtime.private_tmp
+        if runtime.private_tmp:
+            tmp = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            socket.send_fds(lend, [protocol.LEND_MARK], [tmp])
+            os.close(tmp)
+    elif lend is not None:
+        lend.close()
+        runtime.lend = None
+    protocol.write_frame(proto_out, hello)
     while True:
         try:
             request = protocol.read_frame(proto_in)
@@ -120,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         protocol.write_frame(proto_out, runtime.handle(request))
         # Forks for the next sessions are made once the worker is idle for a moment, so the work
-        # never delays the answer just sent (on a busy or single core it would).
-        if runtime.unprepared() and not select.select([proto_in], [], [], IDLE_BEFORE_PREPARE)[0]:
+        # never delays the answer just sent (on a busy or single core it would). A worker that lends
+        # is never idle on its own: the service may be calling its sessions, so it asks for this.
+        if runtime.lend is None and runtime.unprepared() \
+                and not select.select([proto_in], [], [], IDLE_BEFORE_PREPARE)[0]:
             runtime.prepare()
 
 

@@ -88,7 +88,7 @@ async def readyz(request: Request) -> schemas.Health:
     except (StoreError, TimeoutError) as exc:
         raise Unavailable(f"the session store does not answer: {exc}") from None
     pool = engine.pool
-    if pool.size - len(getattr(pool, "_pending", ())) <= 0:
+    if pool.size - pool.starting <= 0:
         raise Unavailable("no sandbox worker is running; they are being restarted")
     return schemas.Health(status="ready")
 

@@ -7,7 +7,6 @@ holds the delta's fields; its state is composed from them when it is read.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandbox import deltas
-from service.store import BytesQuota, Held, LockTimeout, RecordLimit, SessionMeta, Snapshot, stored_bytes
+from service.store import BytesQuota, Held, LocalLocks, RecordLimit, SessionMeta, Snapshot, stored_bytes
 
 BaseKey = tuple[str, str]  # (tenant, digest)
 
@@ -38,7 +37,7 @@ class MemoryStore:
     def __init__(self, ttl: float = 3600.0) -> None:
         self.ttl = ttl
         self._sessions: dict[str, _Entry] = {}
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._locks = LocalLocks()
         self._records: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, kind) -> key -> value
         self._requests: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
         self._live: dict[str, dict[str, float]] = {}  # tenant -> session id -> expires at
@@ -232,11 +231,13 @@ class MemoryStore:
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "") -> bool:
+                     rebase: str = "", unlocked: bool = False) -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
             self._live[tenant][session_id] = time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
+            return False
+        if unlocked and (session_id in self._locks or idempotency is not None and idempotency[0] in entry.idempotency):
             return False
         if delta is not None and (state is not None or entry.state_base is None):
             return False  # a delta applies only to a state kept as a base and a delta
@@ -299,23 +300,8 @@ class MemoryStore:
 
     @asynccontextmanager
     async def lock(self, session_id: str, wait: float, lease: float) -> AsyncIterator[None]:
-        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
-        self._locks[session_id] = (lock, users + 1)
-        try:
-            try:
-                await asyncio.wait_for(lock.acquire(), wait)
-            except TimeoutError:
-                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s") from None
-            try:
-                yield
-            finally:
-                lock.release()
-        finally:
-            lock, users = self._locks[session_id]
-            if users == 1:
-                del self._locks[session_id]
-            else:
-                self._locks[session_id] = (lock, users - 1)
+        async with self._locks.hold(session_id, wait):
+            yield
 
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = time.time()

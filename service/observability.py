@@ -73,7 +73,7 @@ class Metrics:
     def observe_pool(self, pool: Any) -> None:
         """Refresh the pool gauges (read at scrape time: the pool keeps its own counts)."""
         idle = pool.idle
-        starting = len(getattr(pool, "_pending", ()))
+        starting = pool.starting
         self.workers.labels("idle").set(idle)
         self.workers.labels("starting").set(starting)
         self.workers.labels("busy").set(max(0, pool.size - idle - starting))

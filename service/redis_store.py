@@ -67,7 +67,7 @@ local mode = ARGV[2]  -- '0' the state stays, '1' a new state, '2' a delta, '3' 
 local result = 1
 local grown = 0
 local dgrown = 0
-local nset = tonumber(ARGV[16])
+local nset = tonumber(ARGV[17])
 local function state_size()
   if redis.call('EXISTS', KEYS[2]) == 1 then return redis.call('STRLEN', KEYS[2]) end
   return tonumber(redis.call('HGET', KEYS[1], 'base_bytes') or '0') + tonumber(redis.call('HGET', KEYS[1], 'delta_bytes') or '0')
@@ -76,6 +76,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   result = -1
 elseif tonumber(redis.call('HGET', KEYS[1], 'step')) ~= tonumber(ARGV[1]) then
   result = 0
+elseif ARGV[16] == '1' and (redis.call('EXISTS', KEYS[6]) == 1
+    or (ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[5], ARGV[7]) == 1)) then
+  result = -4  -- a commit made without the lock: another caller holds it, or the key was used
 elseif mode == '2' and (redis.call('EXISTS', KEYS[2]) == 1 or not redis.call('HGET', KEYS[1], 'state_base')) then
   result = -3  -- a delta, but the state is the session's own text
 else
@@ -85,12 +88,12 @@ else
   elseif mode == '3' then
     grown = grown + tonumber(ARGV[15]) - state_size()
   elseif mode == '2' then
-    for i = 17, 16 + 2 * nset, 2 do
+    for i = 18, 17 + 2 * nset, 2 do
       local old = -#ARGV[i]
       if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 1 then old = redis.call('HSTRLEN', KEYS[7], ARGV[i]) end
       dgrown = dgrown + #ARGV[i + 1] - old
     end
-    for i = 17 + 2 * nset, #ARGV do
+    for i = 18 + 2 * nset, #ARGV do
       if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 1 then
         dgrown = dgrown - #ARGV[i] - redis.call('HSTRLEN', KEYS[7], ARGV[i])
       end
@@ -114,8 +117,8 @@ if result == 1 then
     redis.call('DEL', KEYS[2])
     redis.call('HSET', KEYS[1], 'state_base', ARGV[3], 'base_bytes', ARGV[15])
   elseif mode == '2' then
-    for i = 17, 16 + 2 * nset, 2 do redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 1]) end
-    for i = 17 + 2 * nset, #ARGV do redis.call('HDEL', KEYS[7], ARGV[i]) end
+    for i = 18, 17 + 2 * nset, 2 do redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 1]) end
+    for i = 18 + 2 * nset, #ARGV do redis.call('HDEL', KEYS[7], ARGV[i]) end
     redis.call('HINCRBY', KEYS[1], 'delta_bytes', dgrown)
   end
   redis.call('RPUSH', KEYS[4], ARGV[4])
@@ -743,7 +746,7 @@ class RedisStore:
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "") -> bool:
+                     rebase: str = "", unlocked: bool = False) -> bool:
         k = self.keys.session(session_id)
         key, value = idempotency or ("", "")
         expires = int((time.time() + self.ttl) * 1000)
@@ -758,7 +761,8 @@ class RedisStore:
             changes = [len(delta["set"]), *(i for pair in delta["set"].items() for i in pair), *delta["unset"]]
         args = [expected_step, mode, text, record, self._ttl_ms,
                 "1" if done else "0", key, value, held.token if held else "", session_id, expires,
-                -1 if quota is None else quota, self._base_ttl_ms, self._touch, size, *(changes or [0])]
+                -1 if quota is None else quota, self._base_ttl_ms, self._touch, size, "1" if unlocked else "0",
+                *(changes or [0])]
         keys = [k.meta, k.state, k.initial, k.trajectory, k.idempotency, k.lock, k.delta]
         if tenant is not None and not self.cluster:
             # one round trip: commit, unlock, live count, bytes counted against the quota

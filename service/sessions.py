@@ -43,6 +43,7 @@ from service.registry import Registry, env_code
 from service.store import (
     BytesQuota,
     Held,
+    LocalLocks,
     LockTimeout,
     SessionMeta,
     SessionStore,
@@ -58,6 +59,8 @@ TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
 DIGEST_TEXT_BYTES = 64 << 20  # initial states whose digest is kept, by the size of their texts
 # The lock lease outlives the longest call (see WorkerPool.longest_request) with room to commit.
 LEASE_SLACK = 15.0
+# Sessions whose meta this replica keeps from its own last commit, for calls made without the lock.
+WARM_SESSIONS = 65536
 LOAD_FAILURES = frozenset({"syntax_error", "import_error", "load_error", "load_timeout", "missing_class"})
 
 
@@ -117,6 +120,12 @@ class Sessions:
         # to every session of a template, so its digest is computed once, here, never taken from a worker
         self._digests: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._digest_bytes = 0
+        # Sessions this replica committed last and whose process the pool calls straight: their
+        # meta as that commit left it, so their next call needs no lock and no read (``_unlocked``).
+        self._warm: OrderedDict[str, Snapshot] = OrderedDict()
+        # One call per session at a time in this replica, whichever way it goes: a call made
+        # without the store's lock must not run beside one that read the meta under it.
+        self._turns = LocalLocks()
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "") -> Created:
@@ -277,6 +286,7 @@ class Sessions:
             return env
         session_id = snap.meta.session_id
         self.pool.end_session(session_id)
+        self._warm.pop(session_id, None)
         if await self._store(self.store.delete(session_id)):
             await self._store(self.store.forget(snap.meta.tenant, [session_id]))
         raise NotFound(f"session '{session_id}' not found: its environment '{snap.meta.env_id}' was deleted")
@@ -307,6 +317,20 @@ class Sessions:
         returns the step the first attempt committed instead of applying it again.
         """
         print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments}) if key else ""
+        try:
+            async with self._turns.hold(session_id, self.lock_wait):
+                warm = self._warm.get(session_id)
+                if warm is not None and warm.meta.tenant == tenant and self.pool.lends(session_id, warm.meta.step):
+                    applied = await self._unlocked(warm, name, raw_arguments, key, print_)
+                    if applied is not None:
+                        return applied
+                return await self._locked(session_id, name, raw_arguments, key, print_, tenant)
+        except LockTimeout as exc:
+            raise SessionBusy(str(exc)) from exc
+
+    async def _locked(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
+                      print_: str, tenant: str) -> Applied:
+        """A call under the store's lock on the session, which ``begin`` takes with the meta."""
         lease = self.pool.longest_request + LEASE_SLACK
         try:
             # One round trip takes the lock and reads the meta; the state is read only if no sandbox
@@ -322,11 +346,12 @@ class Sessions:
                     async with self._sandbox_slot(tenant):
                         arguments, outcome = await self._run(env, snap, name, raw_arguments)
                     record = past.mark(_step_record(snap.meta.step + 1, name, arguments, outcome), outcome)
-                    await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
-                                       delta=outcome.delta, rebase=outcome.rebase)
+                    digest = await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
+                                                delta=outcome.delta, rebase=outcome.rebase)
                 except BaseException:
                     self.pool.forget(session_id)  # its live instance may hold a step that was not committed
                     raise
+                self._keep_warm(snap, digest)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
@@ -336,8 +361,50 @@ class Sessions:
         self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
         return Applied(record)
 
+    async def _unlocked(self, snap: Snapshot, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
+                        print_: str) -> Applied | None:
+        """A call on a session this replica committed last, at the step it left, whose process the
+        pool calls straight: no lock and no read, one round trip to the store (the commit, which
+        refuses if the session moved on, another caller holds its lock, or ``key`` was used).
+        None when it was refused: nothing is applied, and the caller goes the usual way (the
+        process ran the call, so it is dropped, and the call runs again from the stored state)."""
+        session_id = snap.meta.session_id
+        try:
+            self._check_steps(snap)
+            env = await self.environment_of(snap)
+            try:
+                async with self._sandbox_slot(snap.meta.tenant):
+                    arguments, outcome = await self._run(env, snap, name, raw_arguments)
+                record = past.mark(_step_record(snap.meta.step + 1, name, arguments, outcome), outcome)
+                digest = await self._commit(snap, outcome.state, record, key=key, print_=print_,
+                                            delta=outcome.delta, rebase=outcome.rebase, unlocked=True)
+            except BaseException:
+                self.pool.forget(session_id)
+                self._warm.pop(session_id, None)
+                raise
+        except SandboxBusy as exc:
+            raise Unavailable(exc.message) from exc
+        if digest is None:
+            self.pool.forget(session_id)
+            self._warm.pop(session_id, None)
+            return None
+        self._keep_warm(snap, digest)
+        self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
+        return Applied(record)
+
+    def _keep_warm(self, snap: Snapshot, digest: str) -> None:
+        """Keep the meta the commit just made of ``snap``, while the pool calls the session straight."""
+        session_id, step = snap.meta.session_id, snap.meta.step + 1
+        self._warm.pop(session_id, None)
+        if not self.pool.lends(session_id, step):
+            return
+        self._warm[session_id] = replace(snap, meta=replace(snap.meta, step=step), state_digest=digest)
+        while len(self._warm) > WARM_SESSIONS:
+            self._warm.popitem(last=False)
+
     async def message(self, session_id: str, content: str, *, key: str | None = None, tenant: str = "") -> Applied:
         """Send the agent's message to the simulated user; the exchange becomes a step."""
+        self._warm.pop(session_id, None)
         print_ = idempotency.fingerprint("message", {"content": content})
         lease = self.user_timeout + LEASE_SLACK
         try:
@@ -432,21 +499,27 @@ class Sessions:
 
     async def _commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
                       print_: str, done: bool = False, held: Held | None = None,
-                      delta: dict[str, Any] | None = None, rebase: bool = False) -> None:
+                      delta: dict[str, Any] | None = None, rebase: bool = False, unlocked: bool = False) -> str | None:
         """Commit a step; a changed tree state comes as the ``delta`` of its parts, or as a whole
-        state to ``rebase`` on (stored as a content-addressed base, see ``sandbox.deltas``)."""
+        state to ``rebase`` on (stored as a content-addressed base, see ``sandbox.deltas``). The
+        digest of the state's base after the step ("" when it is the session's own text); None
+        when an ``unlocked`` commit was refused (see ``SessionStore.commit``)."""
         session_id = snap.meta.session_id
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
         # (hashlib lets go of the GIL: a large state is hashed on a thread beside the event loop)
         digest = await asyncio.to_thread(digest_of, state) if rebase and state is not None else ""
         committed = await self._store(self._quota(self.store.commit(
             session_id, snap.meta.step, state, self._encoded(record), done=done, idempotency=remembered,
-            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes, delta=delta, rebase=digest)))
+            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes, delta=delta, rebase=digest,
+            unlocked=unlocked)))
+        if not committed and unlocked:
+            return None
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
             raise Conflict("the session changed during the call; nothing was applied, retry")
         _with_observation(record)
+        return digest if rebase else "" if state is not None else snap.state_digest
 
     async def _run(self, env: Environment, snap: Snapshot, name: str,
                    raw: dict[str, Any] | str) -> tuple[Any, CallOutcome]:
@@ -604,6 +677,7 @@ class Sessions:
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)
+        self._warm.pop(session_id, None)
         self.pool.end_session(session_id)
         if not await self._store(self.store.delete(session_id)):
             raise NotFound(f"session '{session_id}' not found")

@@ -21,9 +21,11 @@ how well they share.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +36,38 @@ class StoreError(Exception):
 
 class LockTimeout(StoreError):
     """The session stayed busy with other calls for longer than the wait limit."""
+
+
+class LocalLocks:
+    """One holder at a time per session, within this process (a lock is kept only while in use)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._locks
+
+    @asynccontextmanager
+    async def hold(self, session_id: str, wait: float) -> AsyncIterator[None]:
+        """Raises LockTimeout: another holder kept it for ``wait`` seconds."""
+        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
+        self._locks[session_id] = (lock, users + 1)
+        try:
+            try:
+                async with asyncio.timeout(wait):
+                    await lock.acquire()
+            except TimeoutError:
+                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s") from None
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            lock, users = self._locks[session_id]
+            if users == 1:
+                del self._locks[session_id]
+            else:
+                self._locks[session_id] = (lock, users - 1)
 
 
 class RecordLimit(Exception):
@@ -170,7 +204,7 @@ class SessionStore(Protocol):
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "") -> bool:
+                     rebase: str = "", unlocked: bool = False) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
@@ -183,6 +217,11 @@ class SessionStore(Protocol):
         ``sandbox.deltas.problem``) and no ``state``, the step changes those fields of the state's
         delta; refused (False) when the session's state is not a base plus a delta. With ``rebase``
         (``digest_of(state)``), ``state`` becomes the session's base and its delta is emptied.
+
+        ``unlocked``: the caller holds no lock (it knows the session's step from its own last
+        commit): refused too while another caller holds the session's lock, or when the
+        ``idempotency`` key was used already. Nothing is written then; the caller takes the lock
+        and goes the usual way.
 
         Raises:
             BytesQuota: the step would take ``tenant`` past ``quota`` bytes (nothing is written;

@@ -1,0 +1,187 @@
+"""A call from the service straight to a session's live process, with no worker in between.
+
+When a worker keeps a session's process (its *resident*, see ``sandbox.runtime``) and can lend
+it, it hands the service the process's request pipe, answer pipe and pidfd over a Unix socket.
+The service then does for each call on that session what the worker would: wake the process
+(SIGCONT through the pidfd, which pins it: a recycled pid is never signalled), write the request,
+read the length-prefixed answer, stop the process again (SIGSTOP), and empty the worker's /tmp,
+through a descriptor of it the worker handed over when it started. The pool holds the worker for
+the whole call, exactly as for a request it sends the worker, so no other process of that worker
+runs meanwhile, and nothing one call leaves in /tmp is there for the next.
+
+Anything unusual (the process ended, timed out, answered too much) goes back to the worker, which
+ends the process, reaps it, and says how it ended (``collect``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox import answers, protocol
+from sandbox.forks import ANSWER_HEADER
+
+
+@dataclass
+class Lane:
+    """The pipes and pidfd of one lent session process, and the step it is at."""
+
+    pidfd: int
+    request_fd: int
+    answer_fd: int
+    version: int = 0
+    busy: bool = False  # a call is on it: closing waits for its end (the numbers must not be reused meanwhile)
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+        if self.busy:
+            return
+        for fd in (self.request_fd, self.answer_fd, self.pidfd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.request_fd = self.answer_fd = self.pidfd = -1
+
+    def signal(self, sig: int) -> bool:
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except OSError:
+            return False
+        return True
+
+
+def take(sock: socket.socket, count: int) -> list[int] | None:
+    """The ``count`` descriptors the worker sent just before its answer (already in the socket)."""
+    try:
+        mark, fds, _, _ = socket.recv_fds(sock, len(protocol.LEND_MARK), count)
+    except (BlockingIOError, OSError):
+        return None
+    if mark != protocol.LEND_MARK or len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        return None
+    for fd in fds:
+        os.set_blocking(fd, False)
+    return list(fds)
+
+
+def lane(sock: socket.socket) -> Lane | None:
+    fds = take(sock, 3)
+    return None if fds is None else Lane(pidfd=fds[2], request_fd=fds[0], answer_fd=fds[1])
+
+
+class Tmp:
+    """A worker's private /tmp, emptied by the service after each call it makes straight."""
+
+    def __init__(self, fd: int, preserve: list[str]) -> None:
+        self.fd = fd
+        # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
+        self.preserve = [p for p in preserve if p.startswith("/tmp/")]
+
+    def empty(self) -> None:
+        if self.fd < 0:
+            return
+        with os.scandir(self.fd) as entries:
+            names = [entry.name for entry in entries]
+        for name in names:
+            path = f"/tmp/{name}"
+            if any(p == path or p.startswith(path + "/") for p in self.preserve):
+                continue
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except IsADirectoryError:
+                shutil.rmtree(name, dir_fd=self.fd, ignore_errors=True)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+async def call(lane: Lane, request: dict[str, Any], timeout: float, cap: int) -> tuple[dict[str, Any] | None, str]:
+    """Wake the session's process, hand it ``request`` and read its answer; stop it again if it may
+    serve the next call. Returns the answer and ``"done"``, or None and why not: ``"timeout"``,
+    ``"too_big"``, ``"ended"`` (the process is gone or closed its pipe). The caller checks the
+    answer (``answers.checked``) and, on anything but a kept answer, has the worker collect it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    if lane.closed or not lane.signal(signal.SIGCONT):
+        return None, "ended"
+    lane.busy = True
+    kept = False
+    try:
+        await _write(loop, lane.request_fd, protocol.encode_frame(request), deadline)
+        answer, outcome = await _read(loop, lane.answer_fd, deadline, cap)
+        kept = outcome == "done" and answer is not None and answers.untouched(answer)
+    except TimeoutError:
+        answer, outcome = None, "timeout"
+    except (BrokenPipeError, ConnectionError):
+        answer, outcome = None, "ended"
+    finally:  # (cancelled too: a process woken for a call nobody waits for must not run on)
+        lane.busy = False
+        # the worker reaps a process that is not kept and, for a call that did not answer, says how it ended
+        lane.signal(signal.SIGSTOP if kept else signal.SIGKILL)
+        if lane.closed:  # closed while the call was on it
+            lane.close()
+    return answer, outcome
+
+
+async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await _ready(loop, fd, deadline, write=True)
+
+
+async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float,
+                cap: int) -> tuple[dict[str, Any] | None, str]:
+    buffer = bytearray()
+    expected: int | None = None
+    while expected is None or len(buffer) < ANSWER_HEADER.size + expected:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            await _ready(loop, fd, deadline)
+            continue
+        if not chunk:
+            return None, "ended"
+        buffer += chunk
+        if expected is None and len(buffer) >= ANSWER_HEADER.size:
+            (expected,) = ANSWER_HEADER.unpack_from(buffer)
+            if expected > cap:
+                return None, "too_big"
+    if len(buffer) != ANSWER_HEADER.size + expected:
+        return None, "ended"  # more than one answer: not a process following the protocol
+    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:]))
+    if not isinstance(answer, dict):
+        return answers.malformed(), "done"
+    return answer, "done"
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, *, write: bool = False) -> None:
+    """Until ``fd`` is readable (or writable); TimeoutError at ``deadline``."""
+    waiter = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+    add(fd, _wake, waiter)
+    try:
+        async with asyncio.timeout_at(deadline):
+            await waiter
+    finally:
+        remove(fd)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
