@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from sandbox import deltas, protocol
+from sandbox.limits import DEFAULTS
 
 
 class ToolError(enum.StrEnum):
@@ -34,8 +35,8 @@ CALL_ERRORS = frozenset(e.value for e in ToolError)
 # Errors raised before environment code ran: the session's process still holds what is stored.
 UNTOUCHED = frozenset({ToolError.UNKNOWN_TOOL.value, ToolError.INVALID_ARGUMENTS.value})
 # A request's own limits, with the defaults a request without them gets.
-RESULT_BYTES = 1 << 20
-STATE_BYTES = 1 << 24
+RESULT_BYTES = DEFAULTS.result_bytes
+STATE_BYTES = DEFAULTS.state_bytes
 # Room for the JSON around a call's state and result, beyond their own limits.
 FRAME_SLACK = 1 << 20
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
-from sandbox.pool import Channel, Limits, worker_memory_mb
+from sandbox.limits import Limits
+from sandbox.pool import Channel, worker_memory_mb
 from sandbox.protocol import HEADER, frame_length
 from sandbox.runtime import MAX_HOSTS, WORKER_FILES
 
@@ -43,7 +44,7 @@ STDOUT = 1
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
                  "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
                  "parts.py", "deltas.py", "memory.py", "landlock.py", "watch.py",
-                 "readonly.py", "footprint.py", "answers.py")
+                 "readonly.py", "footprint.py", "answers.py", "limits.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -152,10 +153,7 @@ class DockerBackend:
             memory = f"{worker_memory_mb(limits)}m"
             container = self.client.containers.create(
                 self.image,
-                command=["--memory-mb", str(limits.memory_mb), "--open-files", str(limits.open_files),
-                         "--processes", str(limits.processes), "--output-bytes", str(limits.output_bytes),
-                         "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle),
-                         *(("--layers-root", limits.layers_root) if limits.layers_root else ())],
+                command=limits.worker_flags(),
                 # Package layers, read-only at the path the service built them at (the layer paths a
                 # host is sent are the service's).
                 volumes={limits.layers_root: {"bind": limits.layers_root, "mode": "ro"}} if limits.layers_root else {},

@@ -27,16 +27,18 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn, Protocol
 
 from sandbox import contain, landlock, protocol, seccomp
+from sandbox.answers import ToolError
+from sandbox.limits import DEFAULTS
 
-# Error types shared with the service's API contract.
-UNKNOWN_TOOL = "unknown_tool"
-INVALID_ARGUMENTS = "invalid_arguments"
-TOOL_EXCEPTION = "tool_exception"
-TIMEOUT = "timeout"
-RESOURCE_LIMIT = "resource_limit"
-SANDBOX_ERROR = "sandbox_error"
+# Error types of the API contract (see ``sandbox.answers.ToolError``).
+UNKNOWN_TOOL = ToolError.UNKNOWN_TOOL.value
+INVALID_ARGUMENTS = ToolError.INVALID_ARGUMENTS.value
+TOOL_EXCEPTION = ToolError.TOOL_EXCEPTION.value
+TIMEOUT = ToolError.TIMEOUT.value
+RESOURCE_LIMIT = ToolError.RESOURCE_LIMIT.value
+SANDBOX_ERROR = ToolError.SANDBOX_ERROR.value
 
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = DEFAULTS.call_timeout
 MAX_FD = 1 << 16
 # A fork's answer is length-prefixed, so it is complete before the fork has finished exiting.
 ANSWER_HEADER = struct.Struct(">Q")
@@ -44,10 +46,10 @@ ANSWER_HEADER = struct.Struct(">Q")
 
 @dataclass
 class WorkerLimits:
-    memory_bytes: int = 512 << 20
-    open_files: int = 64
-    processes: int = 0
-    output_bytes: int = 1 << 20
+    memory_bytes: int = DEFAULTS.memory_mb << 20
+    open_files: int = DEFAULTS.open_files
+    processes: int = DEFAULTS.processes
+    output_bytes: int = DEFAULTS.output_bytes
     layers_root: str = ""  # where package layers lie; a host may use only layers under it (and
     # ``hidden`` holds it, so each environment's processes read only their own layers)
     dedicated_uid: bool = False  # no process outside this worker shares its uid

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sandbox import answers, lane, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
+from sandbox.limits import Limits
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -50,27 +51,6 @@ LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, 
 STATS_EVERY = 1.0
 # Encoded initial states kept by template (least recently used out first), in characters.
 INITIAL_CACHE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-call limits, all configurable; the defaults suit LLM-written environments."""
-
-    call_timeout: float = 10.0
-    check_timeout: float = 5.0
-    load_timeout: float = 10.0
-    memory_mb: int = 512
-    open_files: int = 64
-    processes: int = 0
-    tmp_mb: int = 64
-    output_bytes: int = 1 << 20
-    result_bytes: int = 1 << 20
-    state_bytes: int = 16 << 20
-    diff_bytes: int = 256 * 1024  # a larger diff is summarised (the trajectory record's bound)
-    residents: int = 32  # live sessions each worker keeps at most (see sandbox.runtime)
-    resident_memory_mb: int = 512  # memory a worker's live sessions may hold, measured
-    resident_idle: float = 600.0  # seconds an unused live session keeps its process
-    layers_root: str = ""  # the package layers' folder, readable (read-only) by every worker
 
 
 @dataclass(frozen=True)
@@ -656,10 +636,8 @@ class WorkerPool:
         return outcome
 
     def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "op": "call", "env": env.key, "name": name, "arguments": arguments, "timeout": self.limits.call_timeout,
-            "max_state_bytes": self.limits.state_bytes, "max_result_bytes": self.limits.result_bytes,
-            "max_diff_bytes": self.limits.diff_bytes}
+        message: dict[str, Any] = {"op": "call", "env": env.key, "name": name, "arguments": arguments,
+                                   **self.limits.call_fields()}
         if deltas:
             message["deltas"] = True
         return message
@@ -704,8 +682,8 @@ class WorkerPool:
                     "cap": cap, "wait": max(left, 0.0)}, self.limits.call_timeout + 2 * GUARD_MARGIN)
             except (TimeoutError, *LOST) as exc:
                 healthy = False
-                return _outcome({"error": answers.error("sandbox_error", f"the sandbox worker was lost ({exc!r}) "
-                                                                         "and replaced")})
+                return _outcome({"error": answers.error(answers.ToolError.SANDBOX_ERROR,
+                                                        f"the sandbox worker was lost ({exc!r}) and replaced")})
             healthy = collected.get("unhealthy") is not True
             if collected.get("gone") is True:
                 return None  # the worker had ended it before the call reached it: rebuilt from the store

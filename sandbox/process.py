@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from sandbox import memcg
-from sandbox.pool import Channel, Limits, worker_memory_mb
+from sandbox.limits import Limits
+from sandbox.pool import Channel, worker_memory_mb
 from sandbox.protocol import HEADER, frame_length
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -157,15 +158,8 @@ class ProcessBackend:
                      lend_fd: int) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             self.python, "-S", "-E", "-s", "-B", str(WORKER),
-            "--uid", str(uid), "--gid", str(uid),
-            "--memory-mb", str(limits.memory_mb),
-            "--open-files", str(limits.open_files),
-            "--processes", str(limits.processes),
-            "--tmp-mb", str(limits.tmp_mb),
-            "--output-bytes", str(limits.output_bytes),
-            "--residents", str(limits.residents), "--resident-idle", str(limits.resident_idle),
+            "--uid", str(uid), "--gid", str(uid), *limits.worker_flags(),
             *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
-            *(("--layers-root", limits.layers_root) if limits.layers_root else ()),
             *(() if self.contain else ("--no-contain",)),
             "--lend-fd", str(lend_fd),
             pass_fds=(lend_fd,),

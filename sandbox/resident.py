@@ -22,14 +22,15 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import codec, view
+from sandbox import answers, codec, view
 from sandbox.deltas import Delta, DeltaError, apply
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
+from sandbox.limits import DEFAULTS
 from sandbox.parts import Parts, Unwatched, blob, shares
 from sandbox.readonly import ReadOnly
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
-UNTOUCHED = frozenset({UNKNOWN_TOOL, INVALID_ARGUMENTS})
+UNTOUCHED = answers.UNTOUCHED
 NO_DIFF: dict[str, list[Any]] = {"added": [], "removed": [], "changed": []}
 # A delta grows until it passes this share of its base (or COMPACT_FLOOR bytes, for small bases):
 # then the call answers the whole state, which the service stores as the session's new base.
@@ -160,7 +161,7 @@ class LiveSession:
         except BaseException as exc:
             raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
         state = public_state(self.instance)
-        self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", 1 << 24)), state)
+        self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", DEFAULTS.state_bytes)), state)
         return {"state": self.text}
 
     def _from_template(self, request: dict[str, Any]) -> bool:
@@ -216,7 +217,7 @@ class LiveSession:
         if reads:  # a watched state holds builtin values only, which such a tool can but read
             return unchanged
         state = public_state(self.instance)
-        limit = _limit(request, "max_state_bytes", 1 << 24)
+        limit = _limit(request, "max_state_bytes", DEFAULTS.state_bytes)
         if watched and self.parts is not None:
             before = self.parts.parts
             footprint = None if self.readonly is None else \
@@ -276,7 +277,7 @@ class LiveSession:
             raise Failure(TOOL_EXCEPTION, describe(exc)) from None
         result_view = view.view(result)
         size = len(json.dumps(result_view, ensure_ascii=False).encode())
-        limit = _limit(request, "max_result_bytes", 1 << 20)
+        limit = _limit(request, "max_result_bytes", DEFAULTS.result_bytes)
         if size > limit:
             raise Failure(RESOURCE_LIMIT, f"the tool's result is {size} bytes, over the {limit} byte limit")
         return result_view

@@ -63,6 +63,7 @@ from sandbox.forks import (
     outcome_error,
     read_answer,
 )
+from sandbox.limits import DEFAULTS
 from sandbox.memory import Gauge, share_of
 
 # Environment hosts kept per worker; the least recently used goes first.
@@ -74,8 +75,8 @@ WORKER_FILES = 4 * MAX_HOSTS + 64
 # Hosts run environment code, so what they say is bounded and checked like any untrusted input.
 HOST_MESSAGE_BYTES = 64 * 1024
 # Live sessions a worker keeps by default, and how long an unused one stays.
-MAX_RESIDENTS = 32
-RESIDENT_IDLE = 600.0
+MAX_RESIDENTS = DEFAULTS.residents
+RESIDENT_IDLE = DEFAULTS.resident_idle
 # Room kept free beyond one call's own memory limit (the worker's own work on its answer).
 MEMORY_SLACK = 32 << 20
 # Scenarios' initial states kept built per worker (templates), least recently used first.
@@ -604,7 +605,7 @@ class Runtime:
     def _build_template(self, host: Host, request: dict[str, Any]) -> Host | None:
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         message = {"op": "template", "init_config": request.get("init_config") or {}, "timeout": timeout,
-                   "max_state_bytes": request.get("max_state_bytes", 1 << 24)}
+                   "max_state_bytes": request.get("max_state_bytes", DEFAULTS.state_bytes)}
         template: Host | None = None
         self._wake(host)
         try:

@@ -28,6 +28,7 @@ if __package__ in (None, ""):
 
 from sandbox import contain, memory, protocol  # noqa: E402
 from sandbox.forks import WorkerLimits  # noqa: E402
+from sandbox.limits import add_worker_flags, worker_arguments  # noqa: E402
 from sandbox.runtime import Runtime  # noqa: E402
 
 # How long the worker must have been idle before it makes forks ahead of time.
@@ -45,18 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="envfoundry-worker")
     parser.add_argument("--uid", type=int, default=65534)
     parser.add_argument("--gid", type=int, default=65534)
-    parser.add_argument("--memory-mb", type=int, default=512)
-    parser.add_argument("--open-files", type=int, default=64)
-    parser.add_argument("--processes", type=int, default=0, help="extra processes a call may start")
-    parser.add_argument("--tmp-mb", type=int, default=64)
-    parser.add_argument("--output-bytes", type=int, default=1 << 20)
-    parser.add_argument("--residents", type=int, default=32, help="live sessions kept (see runtime)")
-    parser.add_argument("--resident-idle", type=float, default=600.0, help="seconds an unused live session stays")
+    add_worker_flags(parser)  # the limits it enforces (see ``sandbox.limits``)
     parser.add_argument("--cgroup", default="", help="memory cgroup to join (made by the service)")
     parser.add_argument("--cgroup-missing", default="the service made no memory cgroup for this worker",
                         help="why there is no --cgroup")
-    parser.add_argument("--layers-root", default="", help="folder of the package layers environments may use "
-                        "(read-only; each host puts only its environment's layers on sys.path)")
     parser.add_argument("--lend-fd", type=int, default=-1, help="a Unix socket on which the service takes the "
                         "pipes of kept sessions, to call them straight (see sandbox.lane)")
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
@@ -66,6 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    given = worker_arguments(args)
     # Python turns SIGINT into an exception: as PID 1 of its namespace (or behind a container's
     # init, which forwards it) the worker would otherwise die of one sent from inside.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -89,16 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         contain.die_with_parent()
         report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
-        report = contain.apply(args.uid, args.gid, args.tmp_mb, args.cgroup or None, args.cgroup_missing,
-                               readable=(args.layers_root,) if args.layers_root else ())
+        report = contain.apply(args.uid, args.gid, given.tmp_mb, args.cgroup or None, args.cgroup_missing,
+                               readable=(given.layers_root,) if given.layers_root else ())
     limits = WorkerLimits(
-        memory_bytes=args.memory_mb << 20,
-        open_files=args.open_files,
-        processes=args.processes,
-        output_bytes=args.output_bytes,
-        layers_root=os.path.realpath(args.layers_root) if args.layers_root else "",
+        memory_bytes=given.memory_mb << 20,
+        open_files=given.open_files,
+        processes=given.processes,
+        output_bytes=given.output_bytes,
+        layers_root=os.path.realpath(given.layers_root) if given.layers_root else "",
         # every environment's processes are kept out of the layers but their own (see ``landlock``)
-        hidden=(os.path.realpath(args.layers_root),) if args.layers_root else (),
+        hidden=(os.path.realpath(given.layers_root),) if given.layers_root else (),
         # NPROC counts processes per uid, so it only bounds us when the uid is ours alone.
         dedicated_uid="user" in report["applied"] and not args.container,
     )
@@ -106,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     private = args.container or "filesystem" in report["applied"]
     runtime = Runtime(limits, private_tmp=private, preserve=report.get("preserve", []),
                       own_processes=args.container or "processes" in report["applied"],
-                      filter_syscalls=not args.no_contain, max_residents=max(0, args.residents),
-                      resident_idle=args.resident_idle, gauge=gauge, lend=lend)
+                      filter_syscalls=not args.no_contain, max_residents=max(0, given.residents),
+                      resident_idle=given.resident_idle, gauge=gauge, lend=lend)
     if runtime.filter_missing is None:
         report["applied"].append("syscalls")
     else:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, Securi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service import idempotency, schemas
+from service import calls, idempotency, schemas
 from service.auth import KeyRing, Principal
 from service.catalog import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
@@ -318,9 +318,9 @@ def _replayed(applied: Applied, response: Response) -> dict[str, Any]:
 async def call_tool(session_id: str, body: schemas.ToolCallRequest, response: Response,
                     key: str | None = IdempotencyKey, who: Principal = Run,
                     engine: Sessions = Depends(sessions)) -> schemas.CallResult:
-    record = _replayed(await engine.call(session_id, body.name, body.arguments, key=key, tenant=who.tenant), response)
-    return schemas.CallResult(step=record["step"], ok=record["ok"], result=record["result"],
-                              error=record["error"], observation=record["observation"])
+    applied = await calls.run(engine, calls.ToolCall(session_id, body.name, body.arguments, key, who.tenant))
+    _replayed(applied, response)
+    return schemas.CallResult(**calls.view(applied))
 
 
 @router.post("/v1/sessions/{session_id}/messages", response_model=schemas.MessageResult, tags=["sessions"])

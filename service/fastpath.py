@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from service import idempotency, schemas
+from service import calls, idempotency, schemas
 from service.sessions import Sessions
 
 Scope = MutableMapping[str, Any]
@@ -32,7 +32,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ROUTE = SimpleNamespace(path="/v1/sessions/{session_id}/calls")  # what the access log reads of a route
 CALLS = re.compile(r"/v1/sessions/([^/]+)/calls")
-KEY = re.compile(idempotency.KEY_PATTERN)
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 
 
@@ -54,9 +53,9 @@ class FastCalls:
         if accepted is None:
             await self.app(scope, replay, send)
             return
-        engine, session_id, call, key, tenant = accepted
+        engine, call = accepted
         try:
-            applied = await engine.call(session_id, call.name, call.arguments, key=key, tenant=tenant)
+            applied = await calls.run(engine, call)
         except Exception as exc:
             handler = _handler(scope["app"], exc)
             if handler is None:
@@ -64,18 +63,14 @@ class FastCalls:
             response = await handler(Request(scope, replay), exc)
             await response(scope, replay, send)
             return
-        record = applied.record
-        answer = schemas.CallResult(step=record["step"], ok=record["ok"], result=record["result"],
-                                    error=record["error"], observation=record["observation"])
-        content = answer.model_dump_json().encode()
+        content = schemas.CallResult(**calls.view(applied)).model_dump_json().encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
         if applied.replayed:
             headers.append((idempotency.REPLAYED.lower().encode(), b"true"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
-    def _accept(self, scope: Scope, session_id: str, body: bytes) -> tuple[Sessions, str, schemas.ToolCallRequest,
-                                                                          str | None, str] | None:
+    def _accept(self, scope: Scope, session_id: str, body: bytes) -> tuple[Sessions, calls.ToolCall] | None:
         """What the call is, if this layer may answer it; None hands it to the framework."""
         app = scope["app"]
         headers = dict(scope["headers"])
@@ -84,12 +79,12 @@ class FastCalls:
         key: str | None = None
         if (raw_key := headers.get(idempotency.HEADER.lower().encode())) is not None:
             key = raw_key.decode("latin-1")
-            if not KEY.fullmatch(key):
+            if not calls.KEY.fullmatch(key):
                 return None
         authorization = headers.get(b"authorization")
         try:
             who = app.state.keys.authenticate(None if authorization is None else authorization.decode("latin-1"), "run")
-            call = schemas.ToolCallRequest.model_validate(json.loads(body))
+            body_ = schemas.ToolCallRequest.model_validate(json.loads(body))
         except (ValidationError, ValueError, RecursionError, UnicodeDecodeError):
             return None
         except Exception:
@@ -97,7 +92,7 @@ class FastCalls:
         # What the access log and the metrics read of a routed request.
         scope.setdefault("state", {})["tenant"] = who.tenant or "-"
         scope["route"], scope["path_params"] = ROUTE, {"session_id": session_id}
-        return app.state.sessions, session_id, call, key, who.tenant
+        return app.state.sessions, calls.ToolCall(session_id, body_.name, body_.arguments, key, who.tenant)
 
 
 async def _body(receive: Receive) -> tuple[bytes, Receive | None]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -40,7 +39,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from service import idempotency
+from service import calls, idempotency
 from service.api import created_body as created_view
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.auth import Principal
@@ -82,7 +81,7 @@ def _problem(exc: ServiceError) -> dict[str, Any]:
 def call_result(applied: Applied) -> types.CallToolResult:
     """A call record as an MCP tool result: the observation as text, the record as structured content."""
     record = applied.record
-    view = {k: record[k] for k in ("step", "ok", "result", "error", "observation")}
+    view = calls.view(applied)
     result = types.CallToolResult(content=[types.TextContent(type="text", text=record["observation"])],
                                   structured_content=view, is_error=not record["ok"])
     if applied.replayed:
@@ -100,10 +99,7 @@ def idempotency_key(params: types.CallToolRequestParams, request: Request) -> st
     key = meta.get(KEY_META) if isinstance(meta, dict) else None
     if key is None:
         key = request.headers.get(idempotency.HEADER)
-    if key is not None and (not isinstance(key, str) or not re.fullmatch(idempotency.KEY_PATTERN, key)):
-        raise InvalidRequest("the idempotency key must be 1 to 255 printable ASCII characters",
-                             field=idempotency.HEADER)
-    return key
+    return calls.checked_key(key)
 
 
 def _engine(ctx: Any) -> Sessions:
@@ -139,8 +135,8 @@ def _mcp_tool(function: dict[str, Any]) -> types.Tool:
 async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     try:
         key = idempotency_key(params, ctx.request)
-        applied = await _engine(ctx).call(_session_id(ctx), params.name, params.arguments or {}, key=key,
-                                          tenant=_tenant(ctx))
+        applied = await calls.run(_engine(ctx), calls.ToolCall(_session_id(ctx), params.name, params.arguments or {},
+                                                               key, _tenant(ctx)))
     except ServiceError as exc:
         raise service_error(exc) from exc
     return call_result(applied)
@@ -177,8 +173,9 @@ async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -
 
 
 async def _call(engine: Sessions, args: dict[str, Any], tenant: str) -> Applied:
-    return await engine.call(args["session_id"], args["name"], args.get("arguments", {}),
-                             key=args.get("idempotency_key"), tenant=tenant)
+    return await calls.run(engine, calls.ToolCall(args["session_id"], args["name"], args.get("arguments", {}),
+                                                  calls.checked_key(args.get("idempotency_key"), "idempotency_key"),
+                                                  tenant))
 
 
 async def _message(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:

@@ -26,12 +26,11 @@ Mapping onto OpenEnv's shapes:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service import idempotency
+from service import calls
 from service.catalog import Environment, Scenario
 from service.problems import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
 from service.scenario_index import ScenarioQuery
@@ -71,19 +70,6 @@ def mcp_tools(env: Environment) -> list[dict[str, Any]]:
     return [{"name": t["function"]["name"], "description": t["function"].get("description") or "",
              "inputSchema": t["function"].get("parameters") or {"type": "object", "properties": {}}}
             for t in env.tools]
-
-
-def checked_key(key: Any, field: str) -> str | None:
-    """An idempotency key as REST accepts it, or None.
-
-    Raises:
-        InvalidRequest: the key is not 1 to 255 printable ASCII characters.
-    """
-    if key is None:
-        return None
-    if not isinstance(key, str) or not re.fullmatch(idempotency.KEY_PATTERN, key):
-        raise InvalidRequest("the idempotency key must be 1 to 255 printable ASCII characters", field=field)
-    return key
 
 
 @dataclass
@@ -252,7 +238,7 @@ class Episodes:
         arguments = action.get("arguments", {})
         if not isinstance(arguments, dict | str):
             raise InvalidRequest("action.arguments must be an object (or its JSON text)", field="action.arguments")
-        applied = await self.engine.call(episode_id, name, arguments, key=key, tenant=self.tenant)
+        applied = await calls.run(self.engine, calls.ToolCall(episode_id, name, arguments, key, self.tenant))
         return {"observation": call_observation(applied), "reward": await self._reward(episode_id), "done": done}
 
     async def _reward(self, episode_id: str) -> float | None:

@@ -39,8 +39,9 @@ from starlette.websockets import WebSocketDisconnect
 from service import idempotency, openenv_rpc
 from service.api import Run
 from service.auth import Principal
+from service.calls import checked_key
 from service.limits import non_finite
-from service.openenv import Episodes, checked_key, error_code, mcp_tools, problem
+from service.openenv import Episodes, error_code, mcp_tools, problem
 from service.problems import InvalidRequest, LimitExceeded, ServiceError
 
 BASE = "/openenv/{env_id}"

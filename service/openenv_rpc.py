@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service import calls
+from service.calls import checked_key
 from service.openenv import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -18,7 +20,6 @@ from service.openenv import (
     SERVER_ERROR,
     Episodes,
     call_observation,
-    checked_key,
     mcp_tools,
     problem,
 )
@@ -93,9 +94,9 @@ async def _call(episodes: Episodes, params: dict[str, Any], bound: str | None) -
     meta = params.get("_meta")
     key = checked_key(meta.get(KEY_META) if isinstance(meta, dict) else None, f"_meta.{KEY_META}")
     await episodes.episode(episode_id)
-    applied = await episodes.engine.call(episode_id, name, arguments, key=key, tenant=episodes.tenant)
+    applied = await calls.run(episodes.engine, calls.ToolCall(episode_id, name, arguments, key, episodes.tenant))
     observation = call_observation(applied)
-    view = {k: applied.record[k] for k in ("step", "ok", "result", "error", "observation")}
+    view = calls.view(applied)
     # ``data`` is what OpenEnv's MCPToolClient.call_tool returns: the whole call record, so a failed call
     # says why instead of looking like an empty result.
     return {"content": [{"type": "text", "text": observation["text"]}], "structuredContent": view,

@@ -7,13 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandbox.answers import ToolError
 from service.catalog import LABEL_PATTERN, MAX_TAGS
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-ErrorType = Literal[
-    "unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit", "sandbox_error"
-]
+# The tool-error types of the contract, as ``sandbox.answers.ToolError`` defines them.
+ErrorType = Literal[tuple(kind.value for kind in ToolError)]  # type: ignore[valid-type]
 
 
 class Strict(BaseModel):

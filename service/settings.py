@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, create_model, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sandbox.pool import Limits
+from sandbox import limits
+from sandbox.limits import Limits
 from service.connections import ConnectionBounds
 from service.requirements import AllowList, Packages
 from service.sessions import SessionLimits
 
 
-class Settings(BaseSettings):
+class _Settings(BaseSettings):
+    """The settings but the sandbox limits, which ``Settings`` adds from ``sandbox.limits``."""
+
     model_config = SettingsConfigDict(env_prefix="ENVFOUNDRY_", extra="ignore")
 
     catalogs: list[Path] = Field(default_factory=list, description="Catalog folders; empty means the bundled one.")
@@ -44,19 +47,6 @@ class Settings(BaseSettings):
     worker_uid_base: int = Field(default=61000, description="Workers run as uid base+slot when the service is root.")
     worker_max_requests: int = Field(default=5000, ge=1, description="Requests before a worker is recycled.")
     session_ttl: float = Field(default=3600.0, gt=0, description="Seconds an idle session lives.")
-    call_timeout: float = Field(default=10.0, gt=0, description="Wall time per tool call, seconds.")
-    check_timeout: float = Field(default=5.0, gt=0, description="Wall time per check function, seconds.")
-    memory_mb: int = Field(default=512, ge=32, description="Address-space limit per call, MiB.")
-    residents: int = Field(default=32, ge=0, le=1024, description="Live sessions each sandbox worker keeps "
-                           "between calls (0: every call rebuilds the instance from the stored state).")
-    resident_memory_mb: int = Field(default=512, ge=0, description="Memory a sandbox worker's live sessions may "
-                                    "hold, as measured from its memory cgroup; past it the least recently used "
-                                    "go cold (their next call rebuilds them from the store).")
-    open_files: int = Field(default=64, ge=16)
-    processes: int = Field(default=0, ge=0, description="Extra processes a call may start.")
-    max_output_bytes: int = Field(default=1 << 20, description="Bytes a call may print.")
-    max_result_bytes: int = Field(default=1 << 20, description="Size of a tool's JSON result.")
-    max_state_bytes: int = Field(default=16 << 20, description="Size of a session's encoded state.")
     max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
                                 "hold the event loop for long).")
     max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
@@ -153,20 +143,26 @@ class Settings(BaseSettings):
                                 body_timeout=self.body_timeout, max_connections=self.max_connections)
 
     def limits(self) -> Limits:
+        """The sandbox limits: those that are settings as set, the others derived from settings."""
         return Limits(
-            call_timeout=self.call_timeout,
-            check_timeout=self.check_timeout,
-            memory_mb=self.memory_mb,
-            open_files=self.open_files,
-            processes=self.processes,
-            output_bytes=self.max_output_bytes,
-            result_bytes=self.max_result_bytes,
-            state_bytes=self.max_state_bytes,
+            **{name: getattr(self, setting) for name, setting, *_ in limits.settings()},
             diff_bytes=self.max_record_bytes,
-            residents=self.residents,
-            resident_memory_mb=self.resident_memory_mb,
             # a live session never outlives its stored session's expiry
-            resident_idle=min(600.0, self.session_ttl),
+            resident_idle=min(limits.DEFAULTS.resident_idle, self.session_ttl),
             # (no layers to read unless something may be installed)
             layers_root=str(self.layers_dir.resolve()) if self.allowed_requirements else "",
         )
+
+
+def _with_limits(base: type[_Settings]) -> type[_Settings]:
+    """``base`` with a field for every sandbox limit that is a setting (``ENVFOUNDRY_<SETTING>``)."""
+    fields: dict[str, Any] = {
+        setting: (type(default), Field(default=default, description=help, **bounds))
+        for _, setting, default, help, bounds in limits.settings()}
+    return create_model("Settings", __base__=base, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    Settings = _Settings
+else:
+    Settings = _with_limits(_Settings)
