@@ -21,8 +21,11 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import os
 import secrets
+import socket
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +61,20 @@ def runtime_digest() -> str:
 
 class DockerChannel:
     def __init__(self, backend: DockerBackend, container: Any, attached: Any, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+                 writer: asyncio.StreamWriter, listener: Lender | None = None) -> None:
         self.backend = backend
         self.container = container
         self._attached = attached
         self._reader = reader
         self._writer = writer
         self._buffer = bytearray()
+        self._listener = listener
+
+    @property
+    def lend(self) -> socket.socket | None:
+        """The worker's connection for lending its sessions' processes (see ``sandbox.lane``): it
+        connects before it says hello, so once the hello is read it is there to take, or never."""
+        return None if self._listener is None else self._listener.take()
 
     @property
     def name(self) -> str:
@@ -90,7 +100,52 @@ class DockerChannel:
     async def kill(self) -> None:
         self._writer.close()
         _close_attached(self._attached)
+        if self._listener is not None:
+            self._listener.close()
         await self.backend.remove(self.container)
+
+
+class Lender:
+    """A Unix socket in a folder of its own, mounted read-only into one worker's container, for the
+    worker to connect to once: over that connection it lends its sessions' processes. The socket is
+    removed as soon as the connection is taken, so nothing else can connect to it after."""
+
+    MOUNT = "/run/envfoundry-lend"
+
+    def __init__(self, root: str) -> None:
+        os.makedirs(root, mode=0o711, exist_ok=True)
+        self.folder = tempfile.mkdtemp(prefix="worker-", dir=root)
+        os.chmod(self.folder, 0o755)  # (the worker's uid must reach the socket)
+        self.path = os.path.join(self.folder, "lend.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        os.chmod(self.path, 0o666)
+        self.listener.listen(1)
+        self.listener.setblocking(False)
+        self.taken: socket.socket | None = None
+
+    def take(self) -> socket.socket | None:
+        if self.taken is None and self.listener.fileno() >= 0:
+            try:
+                self.taken, _ = self.listener.accept()
+            except (BlockingIOError, OSError):
+                return None
+            self.taken.setblocking(False)
+            self._remove()
+        return self.taken
+
+    def _remove(self) -> None:
+        self.listener.close()
+        for remove in (lambda: os.unlink(self.path), lambda: os.rmdir(self.folder)):
+            try:
+                remove()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._remove()
+        if self.taken is not None:
+            self.taken.close()
 
 
 def _close_attached(attached: Any) -> None:
@@ -106,7 +161,8 @@ def _close_attached(attached: Any) -> None:
 class DockerBackend:
     name = "docker"
 
-    def __init__(self, image: str, service: str, *, cpus: float = 1.0, base_url: str | None = None) -> None:
+    def __init__(self, image: str, service: str, *, cpus: float = 1.0, base_url: str | None = None,
+                 lend_root: str | None = None) -> None:
         try:
             import docker
         except ImportError as exc:  # pragma: no cover - docker is a declared dependency
@@ -124,6 +180,8 @@ class DockerBackend:
         self.cpus = cpus
         self._names = itertools.count()
         self.removed_orphans = 0
+        # Where each worker's lending socket is made (on this host: the engine mounts it from here).
+        self.lend_root = lend_root or os.path.join(tempfile.gettempdir(), f"envfoundry-lend-{os.getuid()}")
 
     def _labels(self) -> dict[str, str]:
         return {SERVICE_LABEL: self.service, INSTANCE_LABEL: self.instance, ROLE_LABEL: "sandbox-worker"}
@@ -149,14 +207,19 @@ class DockerBackend:
             log.warning("removed %d sandbox containers left by an earlier run of %s", self.removed_orphans, self.service)
 
     async def spawn(self, slot: int, limits: Limits) -> Channel:
+        lender = Lender(self.lend_root)
+
         def create() -> tuple[Any, Any]:
             memory = f"{worker_memory_mb(limits)}m"
+            # Package layers, read-only at the path the service built them at (the layer paths a host
+            # is sent are the service's); the lending socket's folder, read-only too.
+            volumes = {lender.folder: {"bind": Lender.MOUNT, "mode": "ro"}}
+            if limits.layers_root:
+                volumes[limits.layers_root] = {"bind": limits.layers_root, "mode": "ro"}
             container = self.client.containers.create(
                 self.image,
-                command=limits.worker_flags(),
-                # Package layers, read-only at the path the service built them at (the layer paths a
-                # host is sent are the service's).
-                volumes={limits.layers_root: {"bind": limits.layers_root, "mode": "ro"}} if limits.layers_root else {},
+                command=[*limits.worker_flags(), "--lend-path", f"{Lender.MOUNT}/lend.sock"],
+                volumes=volumes,
                 name=f"envfoundry-{self.instance}-{slot}-{next(self._names)}",
                 labels=self._labels(),
                 stdin_open=True,
@@ -186,20 +249,21 @@ class DockerBackend:
                 ipc_mode="none",
             )
             try:
-                socket = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+                attached = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
                 container.start()
             except Exception:
                 container.remove(force=True)
                 raise
-            return container, socket
+            return container, attached
 
         try:
-            container, socket = await asyncio.to_thread(create)
+            container, attached = await asyncio.to_thread(create)
         except Exception as exc:  # docker-py also raises requests' errors when the engine is down
+            lender.close()
             raise WorkerLost(f"cannot start a sandbox container: {exc}") from exc
-        raw = socket._sock  # the hijacked engine connection: raw stdin in, multiplexed stdout out
+        raw = attached._sock  # the hijacked engine connection: raw stdin in, multiplexed stdout out
         reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
-        return DockerChannel(self, container, socket, reader, writer)
+        return DockerChannel(self, container, attached, reader, writer, lender)
 
     async def remove(self, container: Any) -> None:
         def run() -> None:

@@ -70,6 +70,7 @@ def take(sock: socket.socket, count: int) -> list[int] | None:
         return None
     for fd in fds:
         os.set_blocking(fd, False)
+        os.set_inheritable(fd, False)  # nothing the service starts may hold a session's pipes
     return list(fds)
 
 

@@ -459,6 +459,8 @@ class WorkerPool:
         if worker.touched:
             message["touched"] = sorted(worker.touched)
             worker.touched.clear()
+        if worker.lend is None:
+            message.pop("lend", None)  # (a worker that may not lend keeps its sessions' processes)
         await worker.channel.send(protocol.encode_frame(message))
         async with asyncio.timeout(guard):  # (no task per request, unlike wait_for)
             answer: dict[str, Any] = protocol.decode_body(await worker.channel.receive())
@@ -482,10 +484,17 @@ class WorkerPool:
         worker.unprepared = answer.pop("unprepared", None) is True
         if answer.pop("lent", None) is True:
             held = lane.lane(worker.lend)
-            if held is not None and answer.get("error") is not None:
-                held.close()  # its answer did not pass the check: that process must go
+            if held is None:
+                return
+            # A process this service may not signal (a container's, when the service is not root)
+            # cannot be called straight: the worker serves its calls, and lends no more.
+            usable = held.signal(0)
+            if not usable:
+                worker.lend = None
+            if not usable or answer.get("error") is not None:  # (or its answer did not pass the check)
+                held.close()
                 self._ending.setdefault(worker.slot, Ending()).sessions.add(str(message.get("session")))
-            elif held is not None:
+            else:
                 answer["lane"] = held
         for session in answer.pop("ended", None) or ():
             home = self._homes.get(session) if type(session) is str else None

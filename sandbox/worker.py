@@ -52,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="why there is no --cgroup")
     parser.add_argument("--lend-fd", type=int, default=-1, help="a Unix socket on which the service takes the "
                         "pipes of kept sessions, to call them straight (see sandbox.lane)")
+    parser.add_argument("--lend-path", default="", help="or the path of such a socket to connect to (a container's "
+                        "worker: the service mounts it)")
     parser.add_argument("--no-contain", action="store_true", help="skip confinement (tests of the runtime only)")
     parser.add_argument("--container", action="store_true", help="the container engine confines us: verify only")
     return parser.parse_args(argv)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     # Python turns SIGINT into an exception: as PID 1 of its namespace (or behind a container's
     # init, which forwards it) the worker would otherwise die of one sent from inside.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    lend = socket.socket(fileno=args.lend_fd) if args.lend_fd >= 0 else None
+    lend = socket.socket(fileno=args.lend_fd) if args.lend_fd >= 0 else _connect(args.lend_path)
     # The protocol keeps private copies of stdin/stdout; fds 0-2 become /dev/null
     # so environment code that writes to them cannot corrupt frames.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: select() sees what is pending
@@ -134,6 +136,22 @@ def main(argv: list[str] | None = None) -> int:
         if runtime.lend is None and runtime.unprepared() \
                 and not select.select([proto_in], [], [], IDLE_BEFORE_PREPARE)[0]:
             runtime.prepare()
+
+
+def _connect(path: str) -> socket.socket | None:
+    """The lending connection (see ``--lend-path``); None if there is none to make: the service
+    then sends every call through this worker."""
+    if not path:
+        return None
+    lend = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lend.settimeout(5.0)
+        lend.connect(path)
+        lend.settimeout(None)
+    except OSError:
+        lend.close()
+        return None
+    return lend
 
 
 if __name__ == "__main__":

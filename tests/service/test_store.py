@@ -213,6 +213,28 @@ async def test_commit_on_missing_session_returns_false(store: SessionStore) -> N
     assert await store.trajectory(session_id) is None
 
 
+async def test_an_unlocked_commit_is_refused_while_another_caller_holds_the_lock(store: SessionStore) -> None:
+    """A commit made without the lock (the replica knows the step from its own last commit) must
+    not slip in while another caller works under the lock: nothing is written."""
+    meta = await _created(store)
+    async with store.lock(meta.session_id, 1.0, 5.0):
+        assert await store.commit(meta.session_id, 0, '{"n":1}', _rec(1), unlocked=True) is False
+    snap = await store.load(meta.session_id, trajectory=True)
+    assert snap is not None and snap.meta.step == 0 and snap.state == '{"n":0}' and snap.trajectory == []
+    assert await store.commit(meta.session_id, 0, '{"n":1}', _rec(1), unlocked=True) is True
+    assert await store.commit(meta.session_id, 0, '{"n":2}', _rec(2), unlocked=True) is False  # stale step
+
+
+async def test_an_unlocked_commit_is_refused_for_a_key_already_used(store: SessionStore) -> None:
+    meta = await _created(store)
+    assert await store.commit(meta.session_id, 0, None, _rec(1), idempotency=("k1", "first")) is True
+    assert await store.commit(meta.session_id, 1, None, _rec(2), idempotency=("k1", "again"), unlocked=True) is False
+    assert await store.idempotent(meta.session_id, "k1") == "first"
+    snap = await store.load(meta.session_id, trajectory=True)
+    assert snap is not None and snap.meta.step == 1 and snap.trajectory == [_rec(1)]
+    assert await store.commit(meta.session_id, 1, None, _rec(2), idempotency=("k2", "new"), unlocked=True) is True
+
+
 async def test_racing_commits_on_the_same_step_exactly_one_wins(store: SessionStore) -> None:
     meta = await _created(store)
     outcomes = await asyncio.gather(
