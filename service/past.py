@@ -7,32 +7,12 @@ session whose base is its initial state, the state after step k is that base plu
 the first k steps left; a fork at step k then shares the base and holds those fields, like any
 session, in time and bytes that follow them, and ``GET /state?step=k`` composes them. A ``whole``
 step, or a record older than these marks, leaves nothing to add up: the steps are run again
-(``service.rewind``). The marks are the service's own: clients never see them.
+(``service.rewind``). The marks are the service's own (``service.steps``): clients never see them.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from sandbox.pool import CallOutcome
-
-PRIVATE = ("_state", "_parts")
-
-
-def mark(record: dict[str, Any], outcome: CallOutcome) -> dict[str, Any]:
-    """``record`` with what its call did to the state."""
-    if outcome.delta is not None:
-        record["_state"], record["_parts"] = "parts", outcome.delta
-    else:
-        record["_state"] = "same" if outcome.state is None else "whole"
-    return record
-
-
-def public(record: dict[str, Any]) -> dict[str, Any]:
-    for name in PRIVATE:
-        record.pop(name, None)
-    return record
 
 
 def fields_at(records: list[str]) -> dict[str, str] | None:

@@ -19,7 +19,7 @@ from typing import Any
 from sandbox import deltas
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, Stored, WorkerPool
-from service import idempotency, past, rewind
+from service import idempotency, past, rewind, steps
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.fairness import FairGate, NoSlot
@@ -345,7 +345,7 @@ class Sessions:
                 try:
                     async with self._sandbox_slot(tenant):
                         arguments, outcome = await self._run(env, snap, name, raw_arguments)
-                    record = past.mark(_step_record(snap.meta.step + 1, name, arguments, outcome), outcome)
+                    record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
                     digest = await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
                                                 delta=outcome.delta, rebase=outcome.rebase)
                 except BaseException:
@@ -375,7 +375,7 @@ class Sessions:
             try:
                 async with self._sandbox_slot(snap.meta.tenant):
                     arguments, outcome = await self._run(env, snap, name, raw_arguments)
-                record = past.mark(_step_record(snap.meta.step + 1, name, arguments, outcome), outcome)
+                record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
                 digest = await self._commit(snap, outcome.state, record, key=key, print_=print_,
                                             delta=outcome.delta, rebase=outcome.rebase, unlocked=True)
             except BaseException:
@@ -427,8 +427,7 @@ class Sessions:
                     reply = await self._simulator().reply(scenario.task, snap.meta.opening or "", exchanges, content)
                 except UserEndpointFailed as exc:
                     raise UserLLMFailed(f"{exc}; the session is unchanged, retry the message") from exc
-                record = {"step": snap.meta.step + 1, "kind": "message", "content": content, "reply": reply.text,
-                          "done": reply.done}
+                record = steps.message_step(snap.meta.step + 1, content, reply.text, reply.done)
                 await self._commit(snap, None, record, key=key, print_=print_, done=reply.done)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
@@ -440,33 +439,6 @@ class Sessions:
         if snap.meta.step >= self.limits.max_steps:
             raise LimitExceeded(f"the session has reached {self.limits.max_steps} steps, its limit; fork or start a "
                                 "new session", limit="max_steps", value=self.limits.max_steps)
-
-    def _encoded(self, record: dict[str, Any]) -> str:
-        """The record as stored, within max_record_bytes. Over it, the diff is summarised first; if the
-        arguments or the result still take it over, they are stored as ``{"$truncated": "size", "bytes":
-        n}`` (the answer to the call keeps them whole). Encoded once on the hot path, again only when cut."""
-        text = json.dumps(record)
-        limit = self.limits.max_record_bytes
-        if len(text) <= limit or record.get("kind") != "call":
-            return text
-        if "_parts" in record:  # what the step changed goes first: a past state is then replayed
-            record.pop("_parts")
-            record["_state"] = "whole"
-            text = json.dumps(record)
-            if len(text) <= limit:
-                return text
-        if not record["diff"].get("truncated"):
-            record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
-                              "bytes": len(json.dumps(record["diff"]))}
-            text = json.dumps(record)
-        if len(text) > limit:
-            stored = dict(record)
-            for part in ("arguments", "result"):
-                size = len(json.dumps(stored[part]))
-                if size > 1024:
-                    stored[part] = {"$truncated": "size", "bytes": size}
-            text = json.dumps(stored)
-        return text
 
     @asynccontextmanager
     async def _sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
@@ -495,7 +467,7 @@ class Sessions:
         page = await self._store(self.store.trajectory_page(session_id, stored["step"] - 1, 1))
         if not page or not page[0]:
             raise NotFound(f"session '{session_id}' no longer holds the step of this Idempotency-Key")
-        return Applied(_with_observation(json.loads(page[0][0])), replayed=True)
+        return Applied(steps.public(json.loads(page[0][0])), replayed=True)
 
     async def _commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
                       print_: str, done: bool = False, held: Held | None = None,
@@ -508,17 +480,17 @@ class Sessions:
         remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
         # (hashlib lets go of the GIL: a large state is hashed on a thread beside the event loop)
         digest = await asyncio.to_thread(digest_of, state) if rebase and state is not None else ""
+        stored = steps.encoded(record, self.limits.max_record_bytes)
         committed = await self._store(self._quota(self.store.commit(
-            session_id, snap.meta.step, state, self._encoded(record), done=done, idempotency=remembered,
-            tenant=snap.meta.tenant, held=held, quota=self.limits.max_tenant_bytes, delta=delta, rebase=digest,
-            unlocked=unlocked)))
+            session_id, snap.meta.step, state, stored, done=done, idempotency=remembered, tenant=snap.meta.tenant,
+            held=held, quota=self.limits.max_tenant_bytes, delta=delta, rebase=digest, unlocked=unlocked)))
         if not committed and unlocked:
             return None
         if not committed:
             if await self._store(self.store.load(session_id)) is None:
                 raise NotFound(f"session '{session_id}' was deleted or expired during the call")
             raise Conflict("the session changed during the call; nothing was applied, retry")
-        _with_observation(record)
+        steps.public(record)
         return digest if rebase else "" if state is not None else snap.state_digest
 
     async def _run(self, env: Environment, snap: Snapshot, name: str,
@@ -592,7 +564,7 @@ class Sessions:
         if page is None:
             raise NotFound(f"session '{session_id}' not found (it may have expired)")
         records, total = page
-        return [_with_observation(json.loads(r)) for r in records], total
+        return [steps.public(json.loads(r)) for r in records], total
 
     async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
         snap = await self.snapshot(session_id, tenant=tenant)
@@ -707,36 +679,5 @@ def _failed(kind: str, message: str) -> CallOutcome:
     return CallOutcome(False, None, {"type": kind, "message": message}, None, {"added": [], "removed": [], "changed": []})
 
 
-def observation(ok: bool, result: Any, error: dict[str, str] | None) -> str:
-    """The text an agent framework shows the model for this call."""
-    if not ok and error:
-        return f"Error ({error['type']}): {error['message']}"
-    if isinstance(result, str):
-        return result
-    return json.dumps(result, ensure_ascii=False)
-
-
-def _step_record(step: int, name: str, arguments: Any, outcome: CallOutcome) -> dict[str, Any]:
-    # The observation is derived from the result when read, so the store does not hold it twice.
-    return {
-        "step": step,
-        "kind": "call",
-        "name": name,
-        "arguments": arguments,
-        "ok": outcome.ok,
-        "result": outcome.result,
-        "error": outcome.error,
-        "diff": outcome.diff,
-    }
-
-
 def _composed(initial: str, fields: dict[str, str]) -> str:
     return deltas.compose(deltas.Base(initial), fields) if fields else initial
-
-
-def _with_observation(record: dict[str, Any]) -> dict[str, Any]:
-    """A stored record as clients see it (records written before ``kind`` existed are calls)."""
-    past.public(record)
-    if record.setdefault("kind", "call") == "call" and "observation" not in record:
-        record["observation"] = observation(record["ok"], record["result"], record["error"])
-    return record
