@@ -80,10 +80,17 @@ def lane(sock: socket.socket) -> Lane | None:
 
 
 class Tmp:
-    """A worker's private /tmp, emptied by the service after each call it makes straight."""
+    """A worker's private /tmp, emptied by the service after each call it makes straight.
 
-    def __init__(self, fd: int, preserve: list[str]) -> None:
+    The service may be root, which the worker is not: it removes only what the worker itself
+    could, entries owned by the worker's uid (the uid environment code runs as). The folders a
+    container engine or confinement made for mounts under /tmp (package layers, a checkout) are
+    root's and stay: removed from outside the worker's mount namespace, a mount point would take
+    its mount with it."""
+
+    def __init__(self, fd: int, preserve: list[str], owner: int) -> None:
         self.fd = fd
+        self.owner = owner
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = [p for p in preserve if p.startswith("/tmp/")]
 
@@ -91,7 +98,7 @@ class Tmp:
         if self.fd < 0:
             return
         with os.scandir(self.fd) as entries:
-            names = [entry.name for entry in entries]
+            names = [entry.name for entry in entries if _owner(entry) == self.owner]
         for name in names:
             path = f"/tmp/{name}"
             if any(p == path or p.startswith(path + "/") for p in self.preserve):
@@ -107,6 +114,13 @@ class Tmp:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _owner(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return -1
 
 
 async def call(lane: Lane, request: dict[str, Any], timeout: float, cap: int) -> tuple[dict[str, Any] | None, str]:

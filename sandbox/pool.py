@@ -405,7 +405,8 @@ class WorkerPool:
                 if fds is None:
                     worker.lend = None  # it cannot be called straight: /tmp could not be emptied
                 else:
-                    worker.tmp = lane.Tmp(fds[0], list(worker.containment.get("preserve") or []))
+                    worker.tmp = lane.Tmp(fds[0], list(worker.containment.get("preserve") or []),
+                                          int(worker.containment.get("uid", -1)))
         return worker
 
     def _replace(self, worker: Worker) -> None:
