@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sandbox import deltas, protocol
@@ -41,7 +42,7 @@ STATE_BYTES = DEFAULTS.state_bytes
 FRAME_SLACK = 1 << 20
 
 
-def answer_cap(request: dict[str, Any]) -> int:
+def answer_cap(request: Mapping[str, Any]) -> int:
     """The most bytes an answer to ``request`` may take."""
     return int(request.get("max_state_bytes", STATE_BYTES)) + int(request.get("max_result_bytes", RESULT_BYTES)) \
         + FRAME_SLACK
@@ -62,7 +63,7 @@ def untouched(answer: dict[str, Any]) -> bool:
     return failure is None or isinstance(failure, dict) and failure.get("type") in UNTOUCHED
 
 
-def checked(op: str, answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields of ``op`` of ``answer``, of the right types and within ``request``'s limits
     (``max_result_bytes``, ``max_state_bytes``, ``max_diff_bytes``); an error answer otherwise.
     An init from a template may leave out the state the service said it ``known``s by its digest."""
@@ -77,7 +78,7 @@ def checked(op: str, answer: dict[str, Any], request: dict[str, Any]) -> dict[st
         if type(known) is str and answer.get("state") is None and digest == known:
             return {"state": None, "digest": known}
         state = answer.get("state")
-        if not readable(state):
+        if not isinstance(state, str) or not readable(state):
             return malformed()
         problem = state_problem(state, state_limit)
         if problem:
@@ -91,7 +92,8 @@ def checked(op: str, answer: dict[str, Any], request: dict[str, Any]) -> dict[st
             return {"ok": False, "failure": {"kind": found["kind"][:100], "message": found["message"][:4000]}}
         return malformed()
     state, diff, result = answer.get("state"), answer.get("diff"), answer.get("result")
-    if answer.get("ok") is not True or not (state is None or readable(state)) or not is_diff(diff):
+    if answer.get("ok") is not True or not (state is None or readable(state)) or not isinstance(diff, dict) \
+            or not is_diff(diff):
         return malformed()
     if not protocol.depth_within(result) or not protocol.depth_within(diff):
         return sent(f"the call process sent a result nested deeper than {protocol.MAX_DEPTH} levels")

@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox import answers, protocol
+from sandbox import answers, frames, protocol
 from sandbox.forks import ANSWER_HEADER
 
 
@@ -123,7 +123,7 @@ def _owner(entry: os.DirEntry[str]) -> int:
         return -1
 
 
-async def call(lane: Lane, request: dict[str, Any], timeout: float, cap: int) -> tuple[dict[str, Any] | None, str]:
+async def call(lane: Lane, request: frames.Call, timeout: float, cap: int) -> tuple[dict[str, Any] | None, str]:
     """Wake the session's process, hand it ``request`` and read its answer; stop it again if it may
     serve the next call. Returns the answer and ``"done"``, or None and why not: ``"timeout"``,
     ``"too_big"``, ``"ended"`` (the process is gone or closed its pipe). The caller checks the

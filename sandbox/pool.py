@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import answers, lane, protocol
+from sandbox import answers, frames, lane, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
 from sandbox.limits import Limits
 
@@ -274,9 +274,9 @@ class WorkerPool:
             task.cancel()
         # a ping in flight ends its worker as it is cancelled: wait for that before the backend goes
         await asyncio.gather(*background, return_exceptions=True)
-        pending = [*self._pending, *self._chores]
-        for task in pending:
-            task.cancel()
+        pending: list[asyncio.Future[None]] = [*self._pending, *self._chores]
+        for chore in pending:
+            chore.cancel()
         # (a worker asked to prepare is killed as its task is cancelled)
         await asyncio.gather(*pending, return_exceptions=True)
         while self._idle:
@@ -645,15 +645,15 @@ class WorkerPool:
             self.rebuilt_calls += 1
         return outcome
 
-    def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> dict[str, Any]:
-        message: dict[str, Any] = {"op": "call", "env": env.key, "name": name, "arguments": arguments,
-                                   **self.limits.call_fields()}
+    def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> frames.Call:
+        message: frames.Call = {"op": "call", "env": env.key, "name": name, "arguments": arguments,
+                                **self.limits.call_fields()}  # type: ignore[typeddict-item]
         if deltas:
             message["deltas"] = True
         return message
 
     async def _on_lane(self, session: str, step: int, slot: int, held: lane.Lane,
-                       message: dict[str, Any]) -> CallOutcome | None:
+                       message: frames.Call) -> CallOutcome | None:
         """The call straight to the session's process, holding its worker meanwhile; None if that
         process can no longer serve it (the caller rebuilds it from the stored state)."""
         worker = await self._acquire(slot)
@@ -687,9 +687,9 @@ class WorkerPool:
             self._ending.get(slot, Ending()).sessions.discard(session)
             left = self.limits.call_timeout - (asyncio.get_running_loop().time() - started)
             try:
-                collected = await self._roundtrip(worker, {
-                    "op": "collect", "session": session, "outcome": how, "timeout": self.limits.call_timeout,
-                    "cap": cap, "wait": max(left, 0.0)}, self.limits.call_timeout + 2 * GUARD_MARGIN)
+                collect: frames.Collect = {"op": "collect", "session": session, "outcome": how,  # type: ignore[typeddict-item]
+                                           "timeout": self.limits.call_timeout, "cap": cap, "wait": max(left, 0.0)}
+                collected = await self._roundtrip(worker, dict(collect), self.limits.call_timeout + 2 * GUARD_MARGIN)
             except (TimeoutError, *LOST) as exc:
                 healthy = False
                 return _outcome({"error": answers.error(answers.ToolError.SANDBOX_ERROR,
@@ -704,23 +704,25 @@ class WorkerPool:
             else:
                 self._replace(worker)
 
-    async def _call(self, env: EnvCode, message: dict[str, Any], state: str | Stored | None,
+    async def _call(self, env: EnvCode, message: frames.Call, state: str | Stored | None,
                     session: tuple[str, int, int | None] | None) -> CallOutcome:
         if isinstance(state, Stored):
             message["state"] = state.text
             if state.delta is not None:
                 message["delta"] = state.delta
                 if state.template is not None and state.base:
-                    message.update(template=state.template, init_config=state.init_config or {}, known=state.base)
+                    message["template"], message["known"] = state.template, state.base
+                    message["init_config"] = state.init_config or {}
         elif state is not None:
             message["state"] = state
         prefer = None
         if session is not None:
             sid, step, prefer = session
-            message.update(session=sid, version=step, next_version=step + 1, lend=True)
+            message["session"], message["version"], message["next_version"] = sid, step, step + 1
+            message["lend"] = True
             self._unhome(sid)  # until the worker says it kept the instance
         try:
-            answer, slot = await self._request(message, env, self.limits.call_timeout, prefer)
+            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return _outcome({"error": {"type": exc.kind, "message": exc.message}})

@@ -351,7 +351,7 @@ class Sessions:
                 except BaseException:
                     self.pool.forget(session_id)  # its live instance may hold a step that was not committed
                     raise
-                self._keep_warm(snap, digest)
+                self._keep_warm(snap, digest or "")  # (under the lock a refused commit raised)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:

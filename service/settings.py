@@ -157,7 +157,7 @@ class _Settings(BaseSettings):
 def _with_limits(base: type[_Settings]) -> type[_Settings]:
     """``base`` with a field for every sandbox limit that is a setting (``ENVFOUNDRY_<SETTING>``)."""
     fields: dict[str, Any] = {
-        setting: (type(default), Field(default=default, description=help, **bounds))
+        setting: (type(default), Field(default=default, description=help, **bounds))  # type: ignore[call-overload]
         for _, setting, default, help, bounds in limits.settings()}
     return create_model("Settings", __base__=base, __module__=__name__, **fields)
 
