@@ -39,6 +39,9 @@ def worker_memory_mb(limits: Limits) -> int:
 # A request for a session whose worker is busy waits this long for it before taking another free
 # worker (where the session's state must then be decoded again).
 STEAL_AFTER = 0.05
+# A call its session's lent process could serve waits longer: elsewhere it rebuilds that process
+# (a fork and a decode, milliseconds of CPU), which under load only adds to the queue it left.
+LANE_STEAL_AFTER = 1.0
 # Requests go to the worker holding their session, so a worker that died idle could go unnoticed:
 # idle workers are pinged this often, and a dead one is replaced.
 PING_EVERY = 5.0
@@ -125,6 +128,7 @@ class _Waiter:
     future: asyncio.Future[Worker]
     prefer: int | None  # the slot of the worker holding the request's session live
     since: float
+    patience: float = STEAL_AFTER  # how long it waits for that worker before it takes another
 
 
 @dataclass
@@ -284,24 +288,24 @@ class WorkerPool:
         await self.backend.close()
 
     # -- handing out workers -------------------------------------------------------------
-    def _take(self, prefer: int | None, waited: float) -> Worker | None:
+    def _take(self, prefer: int | None, waited: float, patience: float = STEAL_AFTER) -> Worker | None:
         """An idle worker for a request: ``prefer``'s if it is idle; any other only if the request
-        prefers none, its worker is gone, or it has waited ``STEAL_AFTER`` for it."""
+        prefers none, its worker is gone, or it has waited ``patience`` for it."""
         if prefer is not None and prefer in self._idle:
             return self._idle.pop(prefer)
-        if not self._idle or prefer in self._busy and waited < STEAL_AFTER:
+        if not self._idle or prefer in self._busy and waited < patience:
             return None
         slot = min(self._idle, key=self._housed.__getitem__)
         return self._idle.pop(slot)
 
-    async def _acquire(self, prefer: int | None) -> Worker:
-        worker = self._take(prefer, 0.0)
+    async def _acquire(self, prefer: int | None, patience: float = STEAL_AFTER) -> Worker:
+        worker = self._take(prefer, 0.0, patience)
         if worker is None:
             loop = asyncio.get_running_loop()
-            waiter = _Waiter(loop.create_future(), prefer, loop.time())
+            waiter = _Waiter(loop.create_future(), prefer, loop.time(), patience)
             self._waiters.append(waiter)
             if prefer is not None:
-                self._serve_later(STEAL_AFTER)
+                self._serve_later(patience)
             try:
                 worker = await asyncio.wait_for(asyncio.shield(waiter.future), self.acquire_timeout)
             except TimeoutError:
@@ -347,12 +351,15 @@ class WorkerPool:
                 return
             if waiter.future.done():
                 continue
-            worker = self._take(waiter.prefer, now - waiter.since)
+            worker = self._take(waiter.prefer, now - waiter.since, waiter.patience)
             if worker is not None:
                 self._waiters.remove(waiter)
+                # Busy from now, not from when the waiter resumes: a worker neither idle nor busy
+                # reads as gone, and the next waiter that prefers it would take another at once.
+                self._busy.add(worker.slot)
                 waiter.future.set_result(worker)
             else:  # its worker is busy and a free one waits: come back when it may take that one
-                self._serve_later(max(STEAL_AFTER - (now - waiter.since), 0.0) + 0.001)
+                self._serve_later(max(waiter.patience - (now - waiter.since), 0.0) + 0.001)
 
     def _serve_later(self, delay: float) -> None:
         if self._recheck is None:
@@ -656,7 +663,7 @@ class WorkerPool:
                        message: frames.Call) -> CallOutcome | None:
         """The call straight to the session's process, holding its worker meanwhile; None if that
         process can no longer serve it (the caller rebuilds it from the stored state)."""
-        worker = await self._acquire(slot)
+        worker = await self._acquire(slot, LANE_STEAL_AFTER)
         healthy = True
         try:
             if worker.slot != slot or self._lanes.get(session) is not held or held.version != step:

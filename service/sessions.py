@@ -148,12 +148,15 @@ class Sessions:
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
+            digest = self._digest(state)
             try:
                 await self._store(self._quota(self.store.create_group(
-                    metas, state, state, [], quota=self.limits.max_tenant_bytes, initial_digest=self._digest(state))))
+                    metas, state, state, [], quota=self.limits.max_tenant_bytes, initial_digest=digest)))
             except BaseException:
                 self.pool.forget(ids[0])
                 raise
+        if n == 1:  # its first call too needs no lock and no read (see ``_unlocked``)
+            self._warm_at(Snapshot(metas[0], "", "", now + self.store.ttl, initial_digest=digest, state_digest=digest))
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
 
@@ -394,11 +397,14 @@ class Sessions:
 
     def _keep_warm(self, snap: Snapshot, digest: str) -> None:
         """Keep the meta the commit just made of ``snap``, while the pool calls the session straight."""
-        session_id, step = snap.meta.session_id, snap.meta.step + 1
+        self._warm_at(replace(snap, meta=replace(snap.meta, step=snap.meta.step + 1), state_digest=digest))
+
+    def _warm_at(self, snap: Snapshot) -> None:
+        session_id = snap.meta.session_id
         self._warm.pop(session_id, None)
-        if not self.pool.lends(session_id, step):
+        if not self.pool.lends(session_id, snap.meta.step):
             return
-        self._warm[session_id] = replace(snap, meta=replace(snap.meta, step=step), state_digest=digest)
+        self._warm[session_id] = snap
         while len(self._warm) > WARM_SESSIONS:
             self._warm.popitem(last=False)
 

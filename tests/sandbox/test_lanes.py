@@ -100,6 +100,28 @@ async def test_a_session_whose_process_the_worker_let_go_is_rebuilt_without_an_e
         assert first.reads == 1
 
 
+async def test_calls_queued_for_their_sessions_worker_wait_for_it_rather_than_rebuild_elsewhere(
+        pool_factory: Any) -> None:
+    """Two sessions on one worker, called at once, while another worker idles: each waits its turn
+    on its own process (a rebuild elsewhere would cost a fork and a decode, and move it)."""
+    import anyio
+
+    async with pool_factory(size=2) as pool:
+        sessions = {name: await _session(pool, name) for name in ("a", "b", "c")}
+        together = [name for name in sessions if pool._homes[name][0] == pool._homes["a"][0]]
+        assert len(together) == 2, pool._homes  # (new sessions go to the worker holding fewest)
+
+        async def calls(name: str) -> None:
+            for _ in range(40):
+                assert (await sessions[name].call(pool, name, "increment")).ok
+
+        async with anyio.create_task_group() as group:
+            for name in together:
+                group.start_soon(calls, name)
+        assert pool.rebuilt_calls == 0 and all(sessions[name].reads == 0 for name in together)
+        assert pool.lane_calls == 80
+
+
 async def _pause() -> None:
     import anyio
 
