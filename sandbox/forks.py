@@ -254,6 +254,35 @@ def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, a
             os._exit(0)
 
 
+class Arriving:
+    """A fork's length-prefixed answer as its bytes arrive, ``cap`` bytes at the most."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buffer = bytearray()
+        self.expected: int | None = None
+
+    def feed(self, chunk: bytes) -> str | None:
+        """None while more is to come, else how it ended: ``"done"``, ``"too_big"``, or ``"ended"``
+        (the pipe closed first, or more than one answer came: not a process following the protocol)."""
+        if not chunk:
+            return "ended"
+        self.buffer += chunk
+        if self.expected is None and len(self.buffer) >= ANSWER_HEADER.size:
+            (self.expected,) = ANSWER_HEADER.unpack_from(self.buffer)
+            if self.expected > self.cap:
+                return "too_big"
+        if self.expected is None or len(self.buffer) < ANSWER_HEADER.size + self.expected:
+            return None
+        return "done" if len(self.buffer) == ANSWER_HEADER.size + self.expected else "ended"
+
+    def answer(self) -> dict[str, Any]:
+        answer = protocol.decode_bounded(bytes(self.buffer[ANSWER_HEADER.size:]))
+        if not isinstance(answer, dict):
+            return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+        return answer
+
+
 def read_answer(answer_fd: int, deadline: float, cap: int, *, keep_open: bool = False) -> tuple[dict[str, Any] | None, str]:
     """Read a fork's length-prefixed answer (from any process holding the pipe's read end).
 
@@ -261,33 +290,22 @@ def read_answer(answer_fd: int, deadline: float, cap: int, *, keep_open: bool = 
     ``"ended"`` (the pipe closed first: the fork died, exited, or closed it and may run on).
     ``keep_open`` leaves the descriptor open (a resident's next answer comes on it).
     """
-    buffer = bytearray()
-    expected: int | None = None
+    arriving = Arriving(cap)
     try:
-        while expected is None or len(buffer) < ANSWER_HEADER.size + expected:
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None, "timeout"
             ready, _, _ = select.select([answer_fd], [], [], remaining)
             if not ready:
                 continue
-            chunk = os.read(answer_fd, 1 << 20)
-            if not chunk:
-                return None, "ended"
-            buffer += chunk
-            if expected is None and len(buffer) >= ANSWER_HEADER.size:
-                (expected,) = ANSWER_HEADER.unpack_from(buffer)
-                if expected > cap:
-                    return None, "too_big"
+            outcome = arriving.feed(os.read(answer_fd, 1 << 20))
+            if outcome is not None:
+                break
     finally:
         if not keep_open:
             os.close(answer_fd)
-    if len(buffer) != ANSWER_HEADER.size + expected:
-        return None, "ended"  # more than one answer: not a process following the protocol
-    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:]))
-    if not isinstance(answer, dict):
-        return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}, "done"
-    return answer, "done"
+    return (arriving.answer() if outcome == "done" else None), outcome
 
 
 def finish(pid: int, kill: bool, deadline: float) -> tuple[int, bool]:

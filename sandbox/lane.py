@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox import answers, frames, protocol
-from sandbox.forks import ANSWER_HEADER
+from sandbox.forks import Arriving
 
 
 @dataclass
@@ -162,27 +162,16 @@ async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline
 
 async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float,
                 cap: int) -> tuple[dict[str, Any] | None, str]:
-    buffer = bytearray()
-    expected: int | None = None
-    while expected is None or len(buffer) < ANSWER_HEADER.size + expected:
+    arriving = Arriving(cap)
+    while True:
         try:
             chunk = os.read(fd, 1 << 20)
         except BlockingIOError:
             await _ready(loop, fd, deadline)
             continue
-        if not chunk:
-            return None, "ended"
-        buffer += chunk
-        if expected is None and len(buffer) >= ANSWER_HEADER.size:
-            (expected,) = ANSWER_HEADER.unpack_from(buffer)
-            if expected > cap:
-                return None, "too_big"
-    if len(buffer) != ANSWER_HEADER.size + expected:
-        return None, "ended"  # more than one answer: not a process following the protocol
-    answer = protocol.decode_bounded(bytes(buffer[ANSWER_HEADER.size:]))
-    if not isinstance(answer, dict):
-        return answers.malformed(), "done"
-    return answer, "done"
+        outcome = arriving.feed(chunk)
+        if outcome is not None:
+            return (arriving.answer() if outcome == "done" else None), outcome
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, *, write: bool = False) -> None:
