@@ -50,6 +50,9 @@ CALL_ERRORS = answers.CALL_ERRORS
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
 # How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
 LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
+# A worker measures its memory (and lets live sessions go to keep room for a call) after each
+# request it serves; calls made straight reach it no more often than this, so it is pinged then.
+FIT_EVERY = 1.0
 # How often a worker is asked for its memory figures (on a request it serves anyway).
 STATS_EVERY = 1.0
 # Encoded initial states kept by template (least recently used out first), in characters.
@@ -101,6 +104,7 @@ class Worker:
     tmp: lane.Tmp | None = None
     unprepared: bool = False  # it has hosts without a ready fork: ask it to make them when idle
     touched: set[str] = field(default_factory=set)  # sessions called straight since its last request
+    served: float = 0.0  # when it last served a request (and measured its memory)
 
 
 @dataclass
@@ -228,18 +232,22 @@ class WorkerPool:
             if worker is None:
                 continue
             self._busy.add(slot)
-            try:
-                await self._roundtrip(worker, {"op": op}, GUARD_MARGIN)
-                if op == "prepare":
-                    worker.unprepared = False  # what it could not make now waits for its next request
-            except asyncio.CancelledError:  # the pool is closing: this worker is not idle for it to end
-                await worker.channel.kill()
-                raise
-            except (TimeoutError, *LOST):
-                log.warning("sandbox worker %d stopped answering while idle; replacing it", slot)
-                self._replace(worker)
-            else:
-                self._put(worker)
+            await self._chore(worker, op)
+
+    async def _chore(self, worker: Worker, op: str) -> None:
+        """Send ``op`` to a worker taken for it, then free it (or replace it if it did not answer)."""
+        try:
+            await self._roundtrip(worker, {"op": op}, GUARD_MARGIN)
+            if op == "prepare":
+                worker.unprepared = False  # what it could not make now waits for its next request
+        except asyncio.CancelledError:  # the pool is closing: this worker is not idle for it to end
+            await worker.channel.kill()
+            raise
+        except (TimeoutError, *LOST):
+            log.warning("sandbox worker %d stopped answering while idle; replacing it", worker.slot)
+            self._replace(worker)
+        else:
+            self._put(worker)
 
     async def measure(self) -> dict[int, WorkerMemory]:
         """Ask every idle worker for its memory figures now (busy ones report as they answer)."""
@@ -319,19 +327,23 @@ class WorkerPool:
         return worker
 
     def _put(self, worker: Worker) -> None:
-        """Give a free worker to the first waiter that takes it, else mark it idle."""
+        """Give a free worker to the first waiter that takes it, else mark it idle; first, though,
+        ask it for what is due. Calls made straight never reach the worker: what it must end, the
+        forks it has to make, and measuring its memory are asked for as soon as it is free, before
+        the calls waiting for it (they would never leave it free long enough)."""
+        due = None
+        if not self._closed and worker.unprepared:
+            worker.unprepared, due = False, "prepare"  # (its answer says so again if it still is)
+        elif not self._closed and (self._ending.get(worker.slot)
+                                   or worker.touched and time.monotonic() - worker.served >= FIT_EVERY):
+            due = "ping"
+        if due is not None:
+            self._busy.add(worker.slot)
+            self._background(self._chore(worker, due))
+            return
         self._busy.discard(worker.slot)
         self._idle[worker.slot] = worker
         self._serve_waiters()
-        if worker.slot not in self._idle or self._closed:
-            return
-        # Calls made straight never reach the worker: what it must end, or the forks it has to
-        # make, are asked for as soon as it is free.
-        if worker.unprepared:
-            worker.unprepared = False  # (its answer says so again if it still is)
-            self._background(self._ping([worker.slot], "prepare"))
-        elif self._ending.get(worker.slot):
-            self._background(self._ping([worker.slot]))
 
     def _background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -469,6 +481,7 @@ class WorkerPool:
             worker.touched.clear()
         if worker.lend is None:
             message.pop("lend", None)  # (a worker that may not lend keeps its sessions' processes)
+        worker.served = time.monotonic()
         await worker.channel.send(protocol.encode_frame(message))
         async with asyncio.timeout(guard):  # (no task per request, unlike wait_for)
             answer: dict[str, Any] = protocol.decode_body(await worker.channel.receive())

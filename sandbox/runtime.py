@@ -275,8 +275,8 @@ class Runtime:
 
     def _end(self, ending: dict[str, Any]) -> None:
         for session in ending.get("sessions") or ():
-            if session in self.residents:
-                self._end_resident(session)
+            if session in self.residents:  # (deleted: gone without a trace before this answer)
+                self._end_resident(session, reap=True)
         for key in ending.get("envs") or ():
             self.sources.pop(key, None)
             if key in self.hosts:
@@ -745,9 +745,9 @@ class Runtime:
                 resident.stopped.append(pid)
                 todo.extend(_children_of(pid))
 
-    def _end_resident(self, session: str, *, wait: bool = False) -> None:
+    def _end_resident(self, session: str, *, wait: bool = False, reap: bool = False) -> None:
         """End a session's live process; with ``wait``, only return once it is gone (and its
-        memory with it)."""
+        memory with it); with ``reap``, once its host has reaped it too (no trace of it is left)."""
         resident = self.residents.pop(session)
         if resident.lent:
             self.ended.append(session)
@@ -757,7 +757,7 @@ class Runtime:
         _release(resident)
         host = resident.parent or self.hosts.get(resident.env)
         if host is not None and host.sock.fileno() >= 0:
-            self._finish(host, resident.pid, reply=False)
+            self._finish(host, resident.pid, reply=reap)
 
     def _finish(self, host: Host, pid: int, *, reply: bool) -> int | None:
         """Have ``host`` reap its ended fork ``pid``; with ``reply``, its wait status (None if the

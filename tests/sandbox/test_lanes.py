@@ -20,15 +20,25 @@ def _worker_requests(pool: WorkerPool) -> int:
     return sum(worker.requests for worker in pool._idle.values())
 
 
+async def _settled(pool: WorkerPool) -> None:
+    """Until every worker is idle (what the pool asks of them between calls is done)."""
+    for _ in range(100):
+        if len(pool._idle) == pool.size:
+            return
+        await _pause()
+
+
 async def test_a_kept_sessions_calls_go_straight_to_its_process(pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         stored = await _session(pool, "s1")
+        await _settled(pool)
         before = _worker_requests(pool)
         for expected in range(1, 6):
             out = await stored.call(pool, "s1", "increment")
             assert out.ok and out.result == {"success": True, "data": expected}
         assert stored.reads == 0
         assert pool.lane_calls == 5
+        await _settled(pool)
         assert _worker_requests(pool) == before  # not one of them went through the worker
 
 
@@ -120,6 +130,23 @@ async def test_calls_queued_for_their_sessions_worker_wait_for_it_rather_than_re
                 group.start_soon(calls, name)
         assert pool.rebuilt_calls == 0 and all(sessions[name].reads == 0 for name in together)
         assert pool.lane_calls == 80
+
+
+async def test_a_worker_whose_sessions_are_called_straight_still_measures_its_memory(pool_factory: Any) -> None:
+    """It lets live sessions go to keep room for a call only when it serves a request: while its
+    sessions are called straight it is asked at least every ``FIT_EVERY``."""
+    import time
+
+    from sandbox.pool import FIT_EVERY
+
+    async with pool_factory(size=1) as pool:
+        stored = await _session(pool, "s1")
+        started, asked = time.monotonic(), []
+        while time.monotonic() - started < 2.5 * FIT_EVERY:
+            assert (await stored.call(pool, "s1", "increment")).ok
+            asked += [worker.served for worker in pool._idle.values() if worker.served > started]
+        assert len(set(asked)) >= 2, asked  # (each a request it served: a ping, which measures)
+        assert pool.lane_calls > 10 and stored.reads == 0
 
 
 async def _pause() -> None:
