@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -250,10 +251,11 @@ class WorkerPool:
             self._put(worker)
 
     async def measure(self) -> dict[int, WorkerMemory]:
-        """Ask every idle worker for its memory figures now (busy ones report as they answer)."""
-        for slot in list(self._idle):
-            self._stats_at[slot] = 0.0
-        await self._ping(list(self._idle))
+        """Ask every worker for its memory figures now, each once it is free."""
+        for slot in range(self.size):
+            worker = await self._acquire(slot, math.inf)
+            self._stats_at[worker.slot] = 0.0
+            await self._chore(worker, "ping")
         return dict(self.memory)
 
     # -- ending what was deleted ---------------------------------------------------------
