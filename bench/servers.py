@@ -112,7 +112,10 @@ def launch_service(name: str, catalog: Path, cpu: int, logs: Path, *, workers: i
                   sandbox: str) -> Server:
     """``envfoundry serve`` as a user would run it, with a key prefix and service name of its own."""
     tag = f"efbench-{secrets.token_hex(4)}"
-    env = {**os.environ, "ENVFOUNDRY_KEY_PREFIX": tag, "ENVFOUNDRY_SERVICE_NAME": tag}
+    # One session per connection takes every call of a run: more than a session's default step
+    # limit (10,000) once a call takes well under a millisecond.
+    env = {**os.environ, "ENVFOUNDRY_KEY_PREFIX": tag, "ENVFOUNDRY_SERVICE_NAME": tag,
+           "ENVFOUNDRY_MAX_STEPS": "10000000"}
     env.pop("ENVFOUNDRY_REDIS_URL", None)
     env.pop("REDIS_URL", None)
     args = [sys.executable, "-m", "service.cli", "serve", "--catalog", str(catalog), "--workers", str(workers),
