@@ -35,17 +35,14 @@ class ToolError(enum.StrEnum):
 CALL_ERRORS = frozenset(e.value for e in ToolError)
 # Errors raised before environment code ran: the session's process still holds what is stored.
 UNTOUCHED = frozenset({ToolError.UNKNOWN_TOOL.value, ToolError.INVALID_ARGUMENTS.value})
-# A request's own limits, with the defaults a request without them gets.
-RESULT_BYTES = DEFAULTS.result_bytes
-STATE_BYTES = DEFAULTS.state_bytes
 # Room for the JSON around a call's state and result, beyond their own limits.
 FRAME_SLACK = 1 << 20
 
 
 def answer_cap(request: Mapping[str, Any]) -> int:
     """The most bytes an answer to ``request`` may take."""
-    return int(request.get("max_state_bytes", STATE_BYTES)) + int(request.get("max_result_bytes", RESULT_BYTES)) \
-        + FRAME_SLACK
+    return int(request.get("max_state_bytes", DEFAULTS.state_bytes)) \
+        + int(request.get("max_result_bytes", DEFAULTS.result_bytes)) + FRAME_SLACK
 
 
 def error(kind: str, message: str) -> dict[str, Any]:
@@ -72,7 +69,7 @@ def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any]) -> dict
         if isinstance(failure, dict) and type(failure.get("type")) is str and type(failure.get("message")) is str:
             return {"error": error(failure["type"][:100], failure["message"][:4000])}
         return malformed()
-    state_limit = int(request.get("max_state_bytes", STATE_BYTES))
+    state_limit = int(request.get("max_state_bytes", DEFAULTS.state_bytes))
     if op == "init":
         digest, known = answer.get("digest"), request.get("known")
         if type(known) is str and answer.get("state") is None and digest == known:
@@ -98,7 +95,7 @@ def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any]) -> dict
     if not protocol.depth_within(result) or not protocol.depth_within(diff):
         return sent(f"the call process sent a result nested deeper than {protocol.MAX_DEPTH} levels")
     size = len(json.dumps(result, ensure_ascii=False).encode())
-    limit = int(request.get("max_result_bytes", RESULT_BYTES))
+    limit = int(request.get("max_result_bytes", DEFAULTS.result_bytes))
     if size > limit:
         return sent(f"the call process sent a result of {size} bytes, over the {limit} byte limit")
     checked = {"ok": True, "result": result, "error": None, "state": state,

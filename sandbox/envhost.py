@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox import channel, codec, seccomp
+from sandbox.answers import error
 from sandbox.contain import die_with_parent
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
@@ -42,7 +43,6 @@ from sandbox.forks import (
     close_inherited,
     describe,
     detach_standard_streams,
-    error,
     finish,
     hide_paths,
     in_fork,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn, Protocol
 
 from sandbox import contain, landlock, protocol, seccomp
-from sandbox.answers import ToolError
+from sandbox.answers import ToolError, error
 from sandbox.limits import DEFAULTS
 
 # Error types of the API contract (see ``sandbox.answers.ToolError``).
@@ -95,10 +95,6 @@ class CappedOutput(io.TextIOBase):
             self.exceeded = True
             raise OutputLimit("output limit")
         return len(text)
-
-
-def error(kind: str, message: str) -> dict[str, Any]:
-    return {"type": kind, "message": message}
 
 
 def describe(exc: BaseException, filename_prefix: str = "<env") -> str:

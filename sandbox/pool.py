@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import math
+import socket
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -101,7 +102,7 @@ class Worker:
     loaded: set[str] = field(default_factory=set)
     requests: int = 0
     # Where it lends the processes of the sessions it keeps (see ``sandbox.lane``), and its /tmp.
-    lend: Any = None
+    lend: socket.socket | None = None
     tmp: lane.Tmp | None = None
     unprepared: bool = False  # it has hosts without a ready fork: ask it to make them when idle
     touched: set[str] = field(default_factory=set)  # sessions called straight since its last request
@@ -225,15 +226,14 @@ class WorkerPool:
             await asyncio.sleep(PING_EVERY)
             await self._ping(list(self._idle))
 
-    async def _ping(self, slots: list[int], op: str = "ping") -> None:
-        """Ping these workers if they are idle (what they must end rides along); ``prepare``: have
-        them make the forks their next sessions start from."""
+    async def _ping(self, slots: list[int]) -> None:
+        """Ping these workers if they are idle (what they must end rides along)."""
         for slot in slots:
             worker = self._idle.pop(slot, None)
             if worker is None:
                 continue
             self._busy.add(slot)
-            await self._chore(worker, op)
+            await self._chore(worker, "ping")
 
     async def _chore(self, worker: Worker, op: str) -> None:
         """Send ``op`` to a worker taken for it, then free it (or replace it if it did not answer)."""
@@ -438,7 +438,7 @@ class WorkerPool:
         self._evicted_before[worker.slot] = self.memory.pop(worker.slot, WorkerMemory()).evicted
         for session in [s for s, (slot, _) in self._homes.items() if slot == worker.slot]:
             self._unhome(session)
-        self._ending.pop(worker.slot, None)
+        self._ending.pop(worker.slot, None)  # (what unhoming them asked of it: a new worker holds nothing)
         if worker.tmp is not None:
             worker.tmp.close()
 
@@ -703,10 +703,9 @@ class WorkerPool:
                 else:
                     self._unhome(session)
                 return _outcome(checked)
-            self._lanes.pop(session, None)
+            self._lanes.pop(session, None)  # (first: the worker ends it now, not as an ending)
             held.close()
             self._unhome(session)
-            self._ending.get(slot, Ending()).sessions.discard(session)
             left = self.limits.call_timeout - (asyncio.get_running_loop().time() - started)
             try:
                 collect: frames.Collect = {"op": "collect", "session": session, "outcome": how,  # type: ignore[typeddict-item]

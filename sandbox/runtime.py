@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import answers, channel, contain, envhost, landlock, protocol, seccomp
+from sandbox.answers import error
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
     SANDBOX_ERROR,
@@ -58,7 +59,6 @@ from sandbox.forks import (
     WorkerLimits,
     close_inherited,
     end,
-    error,
     exited_by,
     outcome_error,
     read_answer,

@@ -324,76 +324,64 @@ class Sessions:
             async with self._turns.hold(session_id, self.lock_wait):
                 warm = self._warm.get(session_id)
                 if warm is not None and warm.meta.tenant == tenant and self.pool.lends(session_id, warm.meta.step):
-                    applied = await self._unlocked(warm, name, raw_arguments, key, print_)
+                    # No lock and no read: one round trip to the store, the commit, which refuses if
+                    # the session moved on, another caller holds its lock, or ``key`` was used.
+                    applied = await self._step(warm, name, raw_arguments, key, print_, None)
                     if applied is not None:
                         return applied
                 return await self._locked(session_id, name, raw_arguments, key, print_, tenant)
-        except LockTimeout as exc:
-            raise SessionBusy(str(exc)) from exc
-
-    async def _locked(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
-                      print_: str, tenant: str) -> Applied:
-        """A call under the store's lock on the session, which ``begin`` takes with the meta."""
-        lease = self.pool.longest_request + LEASE_SLACK
-        try:
-            # One round trip takes the lock and reads the meta; the state is read only if no sandbox
-            # worker holds the session live at this step; the commit releases the lock.
-            async with self.store.begin(session_id, self.lock_wait, lease) as held:
-                snap = self._visible(held.snap, session_id, tenant)
-                replay = await self._replay(session_id, key, print_)
-                if replay is not None:
-                    return replay
-                self._check_steps(snap)
-                env = await self.environment_of(snap)
-                try:
-                    async with self._sandbox_slot(tenant):
-                        arguments, outcome = await self._run(env, snap, name, raw_arguments)
-                    record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
-                    digest = await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
-                                                delta=outcome.delta, rebase=outcome.rebase)
-                except BaseException:
-                    self.pool.forget(session_id)  # its live instance may hold a step that was not committed
-                    raise
-                self._keep_warm(snap, digest or "")  # (under the lock a refused commit raised)
         except LockTimeout as exc:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
         except SandboxBusy as exc:
             raise Unavailable(exc.message) from exc
-        self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
-        return Applied(record)
 
-    async def _unlocked(self, snap: Snapshot, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
-                        print_: str) -> Applied | None:
-        """A call on a session this replica committed last, at the step it left, whose process the
-        pool calls straight: no lock and no read, one round trip to the store (the commit, which
-        refuses if the session moved on, another caller holds its lock, or ``key`` was used).
-        None when it was refused: nothing is applied, and the caller goes the usual way (the
-        process ran the call, so it is dropped, and the call runs again from the stored state)."""
+    async def _locked(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
+                      print_: str, tenant: str) -> Applied:
+        """A call under the store's lock on the session, which ``begin`` takes with the meta."""
+        lease = self.pool.longest_request + LEASE_SLACK
+        # One round trip takes the lock and reads the meta; the state is read only if no sandbox
+        # worker holds the session live at this step; the commit releases the lock.
+        async with self.store.begin(session_id, self.lock_wait, lease) as held:
+            snap = self._visible(held.snap, session_id, tenant)
+            replay = await self._replay(session_id, key, print_)
+            if replay is not None:
+                return replay
+            applied = await self._step(snap, name, raw_arguments, key, print_, held)
+        assert applied is not None  # (under the lock a refused commit raises)
+        return applied
+
+    async def _step(self, snap: Snapshot, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
+                    print_: str, held: Held | None) -> Applied | None:
+        """Run the call on ``snap``'s session and commit its step: under the store's lock (``held``),
+        or without it, on a session this replica committed last and whose process the pool calls
+        straight. None when a commit without the lock was refused: nothing is applied, and the
+        caller goes the usual way (the process ran the call, so it is dropped, and the call runs
+        again from the stored state)."""
         session_id = snap.meta.session_id
+        self._check_steps(snap)
+        env = await self.environment_of(snap)
         try:
-            self._check_steps(snap)
-            env = await self.environment_of(snap)
-            try:
-                async with self._sandbox_slot(snap.meta.tenant):
-                    arguments, outcome = await self._run(env, snap, name, raw_arguments)
-                record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
-                digest = await self._commit(snap, outcome.state, record, key=key, print_=print_,
-                                            delta=outcome.delta, rebase=outcome.rebase, unlocked=True)
-            except BaseException:
-                self.pool.forget(session_id)
-                self._warm.pop(session_id, None)
-                raise
-        except SandboxBusy as exc:
-            raise Unavailable(exc.message) from exc
+            async with self._sandbox_slot(snap.meta.tenant):
+                arguments, outcome = await self._run(env, snap, name, raw_arguments)
+            record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
+            digest = await self._commit(snap, outcome.state, record, key=key, print_=print_, held=held,
+                                        delta=outcome.delta, rebase=outcome.rebase, unlocked=held is None)
+        except BaseException:
+            self._drop_live(session_id)
+            raise
         if digest is None:
-            self.pool.forget(session_id)
-            self._warm.pop(session_id, None)
+            self._drop_live(session_id)
             return None
         self._keep_warm(snap, digest)
         self.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
         return Applied(record)
+
+    def _drop_live(self, session_id: str) -> None:
+        """The session's live instance may hold a step that was not committed: never use it again."""
+        self.pool.forget(session_id)
+        self._warm.pop(session_id, None)
 
     def _keep_warm(self, snap: Snapshot, digest: str) -> None:
         """Keep the meta the commit just made of ``snap``, while the pool calls the session straight."""
