@@ -33,7 +33,7 @@ from sandbox.errors import SandboxError, WorkerLost
 from sandbox.limits import Limits
 from sandbox.pool import Channel, worker_memory_mb
 from sandbox.protocol import HEADER, frame_length
-from sandbox.runtime import MAX_HOSTS, WORKER_FILES
+from sandbox.runtime import WORKER_FILES, process_budget
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -238,10 +238,7 @@ class DockerBackend:
                 user="65534:65534",
                 mem_limit=memory,
                 memswap_limit=memory,
-                # init, the worker, its environment hosts and their spare forks, one call fork, and the
-                # extra processes allowed
-                # init, worker, zygote; hosts, their ready forks and an ended fork each; residents
-                pids_limit=3 + 3 * MAX_HOSTS + limits.residents + limits.processes,
+                pids_limit=1 + process_budget(limits.residents, limits.processes),  # (and init)
                 nano_cpus=int(self.cpus * 1e9),
                 # the worker's own budget; each call lowers it to ``open_files`` for itself
                 ulimits=[self._ulimit(name="nofile", soft=WORKER_FILES, hard=WORKER_FILES)],

@@ -88,6 +88,15 @@ TEMPLATE_REBUILD_BYTES = 256 * 1024
 NEED_STATE = "need_state"
 
 
+def process_budget(residents: int, processes: int) -> int:
+    """The most processes one worker may run at once, all it runs counted: itself, the zygote, each host and
+    each template with its ready fork and a fork ended but not yet reaped, the live sessions, the
+    forks of the calls in flight, and what calls may start (a live session keeps what its calls
+    started, stopped with it). Under this uid (or in this container) nothing else runs."""
+    per_call = 1 + processes
+    return 2 + 3 * (MAX_HOSTS + MAX_TEMPLATES) + residents * per_call + 2 * per_call + 8
+
+
 class Unhealthy(Exception):
     """This worker can no longer start processes; the service must replace it."""
 
@@ -164,9 +173,7 @@ class Runtime:
             files = min(files, hard)  # a container engine may have set it lower than we can raise
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         if self.limits.dedicated_uid:
-            # Everything under this uid is ours: the zygote, the hosts, their ready forks, one call
-            # fork, and what calls may start.
-            cap = 3 * MAX_HOSTS + 8 + self.max_residents + self.limits.processes  # (an ended fork per host)
+            cap = process_budget(self.max_residents, self.limits.processes)
             resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
 
     def _start_zygote(self) -> tuple[int, socket.socket]:
@@ -433,8 +440,11 @@ class Runtime:
         root = host.parent or host  # a template rests and wakes with its environment's host
         self._wake(root)
         try:
-            channel.send(host.sock, {"op": "spare"})
-            handed = channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+            handed = self._spare(host)
+            # Out of processes: forks just ended may not be reaped yet, and live sessions hold
+            # some; freeing those is cheaper than replacing the worker with every session on it.
+            while handed is not None and handed.get("unhealthy") is True and self._free_a_process(host):
+                handed = self._spare(host)
             if handed is not None and handed.get("unhealthy") is True:
                 self._rest(root)
                 raise Unhealthy(f"cannot start a call process: {str(handed.get('error'))[:500]}")
@@ -455,6 +465,22 @@ class Runtime:
         self._rest(root, fork=pid)
         _signal(pid, signal.SIGCONT)  # a spare forked after the host's last rest may since have been stopped
         return pid, pidfd, fds[0], fds[1]
+
+    def _spare(self, host: Host) -> dict[str, Any] | None:
+        channel.send(host.sock, {"op": "spare"})
+        return channel.receive(host.sock, time.monotonic() + HOST_GUARD, HOST_MESSAGE_BYTES)
+
+    def _free_a_process(self, host: Host) -> bool:
+        """Reap what has ended, else end the least recently used live session (not one of
+        ``host``'s own being served): whether a process slot may have come free."""
+        if _reap():
+            return True
+        for session, resident in self.residents.items():  # least recently used first
+            if resident.parent is not host and self.hosts.get(resident.env) is not host:
+                self._end_resident(session, wait=True, reap=True)
+                self.evicted += 1
+                return True
+        return False
 
     def _run(self, host: Host, request: dict[str, Any], cap: int) -> dict[str, Any]:
         """Run one request in a ready fork of ``host``: write it in, read the answer out.
