@@ -145,7 +145,14 @@ def _readable_roots(extra: tuple[str, ...] = ()) -> list[str]:
     return sorted(os.path.realpath(r) for r in roots)
 
 
-def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int, extra: tuple[str, ...] = ()) -> list[str]:
+def tmp_options(size_mb: int, inodes: int) -> str:
+    """The private /tmp's tmpfs: root's, writable by all with the sticky bit. Environment code,
+    which runs as the worker's uid, may add and remove its own entries but never change the folder
+    itself (take its permissions off, say, so that the worker can no longer empty it)."""
+    return f"size={size_mb}m,nr_inodes={inodes},mode=1777"
+
+
+def _isolate_filesystem(uid: int, gid: int, tmp: str, extra: tuple[str, ...] = ()) -> list[str]:
     """Cover /tmp with a private tmpfs, the other world-writable folders and closed home folders
     (e.g. /root and its secrets) with empty read-only ones, then put back, read-only, the folders
     Python and this runtime are read from, wherever they lie (a checkout in /tmp included).
@@ -164,7 +171,7 @@ def _isolate_filesystem(uid: int, gid: int, tmp_size_mb: int, extra: tuple[str, 
     closed = {a for a in (_closed_ancestor(r) for r in roots) if a and not _under(a, "/tmp")}
     covered = ["/tmp", *shared, *sorted(closed)]
     kept = [(root, _detach_copy(root)) for root in roots if any(_under(root, c) for c in covered)]
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700,uid={uid},gid={gid}")
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{tmp},uid=0,gid=0")
     for folder in [*shared, *sorted(closed)]:
         _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for root, tree in kept:
@@ -301,7 +308,7 @@ def _container_memory_limit() -> int | None:
     return None
 
 
-def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
+def apply(uid: int, gid: int, tmp: str, cgroup: str | None = None,
           cgroup_missing: str = "no memory cgroup", readable: tuple[str, ...] = ()) -> dict[str, Any]:
     """Confine this process; return which primitives hold and why any is missing. ``readable``:
     folders besides Python and this runtime that stay readable (the package layers' root)."""
@@ -330,7 +337,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
         except OSError as exc:
             missing["processes"] = f"cannot create a PID namespace: host processes stay visible ({exc})"
         try:
-            kept = _isolate_filesystem(uid, gid, tmp_size_mb, readable)
+            kept = _isolate_filesystem(uid, gid, tmp, readable)
             applied.append("filesystem")
         except OSError as exc:
             missing["filesystem"] = f"cannot build a private mount namespace ({exc})"
@@ -344,7 +351,7 @@ def apply(uid: int, gid: int, tmp_size_mb: int, cgroup: str | None = None,
             _unprivileged_namespaces()
             applied.append("network")
             try:
-                _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=0700")
+                _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp)
                 missing["filesystem"] = "not root: only /tmp is private; the service user's files stay writable"
             except OSError as exc:
                 missing["filesystem"] = f"not root and no private /tmp ({exc})"

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sandbox.contain import tmp_options
 from sandbox.errors import SandboxError, WorkerLost
 from sandbox.limits import Limits
 from sandbox.pool import Channel, worker_memory_mb
@@ -47,7 +48,7 @@ STDOUT = 1
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
                  "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
                  "parts.py", "deltas.py", "memory.py", "landlock.py", "watch.py",
-                 "readonly.py", "footprint.py", "answers.py", "limits.py")
+                 "readonly.py", "footprint.py", "answers.py", "limits.py", "scratch.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 
@@ -232,7 +233,7 @@ class DockerBackend:
                 environment={},
                 network_mode="none",
                 read_only=True,
-                tmpfs={"/tmp": f"size={limits.tmp_mb}m,mode=1777,noexec,nosuid,nodev"},
+                tmpfs={"/tmp": f"{tmp_options(limits.tmp_mb, limits.tmp_inodes)},noexec,nosuid,nodev"},
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 user="65534:65534",

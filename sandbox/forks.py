@@ -272,11 +272,19 @@ class Arriving:
             return None
         return "done" if len(self.buffer) == ANSWER_HEADER.size + self.expected else "ended"
 
+    def body(self) -> bytes:
+        return bytes(self.buffer[ANSWER_HEADER.size:])
+
     def answer(self) -> dict[str, Any]:
-        answer = protocol.decode_bounded(bytes(self.buffer[ANSWER_HEADER.size:]))
-        if not isinstance(answer, dict):
-            return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
-        return answer
+        return decode_answer(self.body())
+
+
+def decode_answer(body: bytes) -> dict[str, Any]:
+    """A fork's answer from its frame body (a malformed one as a sandbox error)."""
+    answer = protocol.decode_bounded(body)
+    if not isinstance(answer, dict):
+        return {"error": error(SANDBOX_ERROR, "the call process sent a malformed answer")}
+    return answer
 
 
 def read_answer(answer_fd: int, deadline: float, cap: int, *, keep_open: bool = False) -> tuple[dict[str, Any] | None, str]:

@@ -100,6 +100,15 @@ class Collect(Request, total=False):
     wait: float  # seconds to the call's deadline: a process that closed its pipe may run on that long
 
 
+class Check(Limited, total=False):
+    """The answer a lent process sent the service straight, too large for the service to read on its
+    event loop: the worker decodes and checks it (``answers.checked``) and answers what passed."""
+
+    op: Literal["check"]
+    answer: bytes  # the process's frame body, as it came (carried after the JSON, see ``protocol``)
+    deltas: bool
+
+
 class Answer(TypedDict, total=False):
     """A worker's answer; the fields of each operation's answer besides those every answer may have."""
 

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any
 
-from sandbox import answers, frames, protocol
+from sandbox import frames, protocol, scratch
 from sandbox.forks import Arriving
 
 
@@ -86,7 +84,8 @@ class Tmp:
     could, entries owned by the worker's uid (the uid environment code runs as). The folders a
     container engine or confinement made for mounts under /tmp (package layers, a checkout) are
     root's and stay: removed from outside the worker's mount namespace, a mount point would take
-    its mount with it."""
+    its mount with it. Whatever a call left there is removed by ``sandbox.scratch``, off the
+    event loop (see ``WorkerPool._on_lane``): it may be thousands of entries."""
 
     def __init__(self, fd: int, preserve: list[str], owner: int) -> None:
         self.fd = fd
@@ -94,21 +93,26 @@ class Tmp:
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = [p for p in preserve if p.startswith("/tmp/")]
 
-    def empty(self) -> None:
+    def _kept(self, name: str) -> bool:
+        path = f"/tmp/{name}"
+        return any(p == path or p.startswith(path + "/") for p in self.preserve)
+
+    def untouched(self) -> bool:
+        """Whether the call left nothing to remove (one look at the folder's first entries, cheap
+        enough for the event loop: a call rarely writes to /tmp)."""
         if self.fd < 0:
-            return
-        with os.scandir(self.fd) as entries:
-            names = [entry.name for entry in entries if _owner(entry) == self.owner]
-        for name in names:
-            path = f"/tmp/{name}"
-            if any(p == path or p.startswith(path + "/") for p in self.preserve):
-                continue
-            try:
-                os.unlink(name, dir_fd=self.fd)
-            except IsADirectoryError:
-                shutil.rmtree(name, dir_fd=self.fd, ignore_errors=True)
-            except OSError:
-                pass
+            return True
+        try:
+            with os.scandir(self.fd) as entries:
+                return not any(_owner(entry) == self.owner and not self._kept(entry.name) for entry in entries)
+        except OSError:
+            return False
+
+    def empty(self) -> bool:
+        """Whether /tmp is left as the worker had it (else the worker must be replaced)."""
+        if self.fd < 0:
+            return True
+        return scratch.empty(self.fd, keep=self._kept, owner=self.owner)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -123,32 +127,33 @@ def _owner(entry: os.DirEntry[str]) -> int:
         return -1
 
 
-async def call(lane: Lane, request: frames.Call, timeout: float, cap: int) -> tuple[dict[str, Any] | None, str]:
-    """Wake the session's process, hand it ``request`` and read its answer; stop it again if it may
-    serve the next call. Returns the answer and ``"done"``, or None and why not: ``"timeout"``,
-    ``"too_big"``, ``"ended"`` (the process is gone or closed its pipe). The caller checks the
-    answer (``answers.checked``) and, on anything but a kept answer, has the worker collect it."""
+async def call(lane: Lane, request: frames.Call, timeout: float, cap: int) -> tuple[bytes | None, str]:
+    """Wake the session's process, hand it ``request`` and read its answer; stop it again. Returns
+    the answer's frame body, undecoded, and ``"done"``, or None and why not: ``"timeout"``,
+    ``"too_big"``, ``"ended"`` (the process is gone or closed its pipe), and the process is then
+    killed. The caller decodes and checks the answer (``answers.checked``: where depends on its
+    size, see ``WorkerPool._on_lane``), kills a process whose answer says its instance may have
+    changed unanswered, and on anything but an answer has the worker collect it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     if lane.closed or not lane.signal(signal.SIGCONT):
         return None, "ended"
     lane.busy = True
-    kept = False
+    body: bytes | None = None
     try:
         await _write(loop, lane.request_fd, protocol.encode_frame(request), deadline)
-        answer, outcome = await _read(loop, lane.answer_fd, deadline, cap)
-        kept = outcome == "done" and answer is not None and answers.untouched(answer)
+        body, outcome = await _read(loop, lane.answer_fd, deadline, cap)
     except TimeoutError:
-        answer, outcome = None, "timeout"
+        outcome = "timeout"
     except (BrokenPipeError, ConnectionError):
-        answer, outcome = None, "ended"
+        outcome = "ended"
     finally:  # (cancelled too: a process woken for a call nobody waits for must not run on)
         lane.busy = False
         # the worker reaps a process that is not kept and, for a call that did not answer, says how it ended
-        lane.signal(signal.SIGSTOP if kept else signal.SIGKILL)
+        lane.signal(signal.SIGSTOP if body is not None else signal.SIGKILL)
         if lane.closed:  # closed while the call was on it
             lane.close()
-    return answer, outcome
+    return body, outcome
 
 
 async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline: float) -> None:
@@ -160,9 +165,8 @@ async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline
             await _ready(loop, fd, deadline, write=True)
 
 
-async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float,
-                cap: int) -> tuple[dict[str, Any] | None, str]:
-    arriving = Arriving(cap)
+async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, cap: int) -> tuple[bytes | None, str]:
+    arriving = Arriving(cap)  # (counted as they come: never more than ``cap`` bytes are kept)
     while True:
         try:
             chunk = os.read(fd, 1 << 20)
@@ -171,7 +175,7 @@ async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float,
             continue
         outcome = arriving.feed(chunk)
         if outcome is not None:
-            return (arriving.answer() if outcome == "done" else None), outcome
+            return (arriving.body() if outcome == "done" else None), outcome
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, *, write: bool = False) -> None:

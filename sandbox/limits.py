@@ -38,6 +38,9 @@ class Limits:
     open_files: int = _limit(64, "Open files per call.", setting="open_files", flag="--open-files", ge=16)
     processes: int = _limit(0, "Extra processes a call may start.", setting="processes", flag="--processes", ge=0)
     tmp_mb: int = _limit(64, "Size of a worker's private /tmp, MiB.", flag="--tmp-mb")
+    # (hard links count too: emptying /tmp after each call takes time that follows this bound)
+    tmp_inodes: int = _limit(8192, "Files, folders and links a worker's private /tmp may hold.",
+                             flag="--tmp-inodes")
     output_bytes: int = _limit(1 << 20, "Bytes a call may print.", setting="max_output_bytes",
                                flag="--output-bytes")
     result_bytes: int = _limit(1 << 20, "Size of a tool's JSON result.", setting="max_result_bytes",

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import math
+import signal
 import socket
 import time
 from collections import Counter, OrderedDict, deque
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from sandbox import answers, frames, lane, protocol
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
+from sandbox.forks import decode_answer
 from sandbox.limits import Limits
 
 log = logging.getLogger("envfoundry.sandbox")
@@ -44,6 +46,9 @@ STEAL_AFTER = 0.05
 # A call its session's lent process could serve waits longer: elsewhere it rebuilds that process
 # (a fork and a decode, milliseconds of CPU), which under load only adds to the queue it left.
 LANE_STEAL_AFTER = 1.0
+# A lent process's answer up to this size is decoded and checked on the event loop; a larger one
+# by the process's worker (see ``WorkerPool._checked``).
+INLINE_ANSWER_BYTES = 64 * 1024
 # Requests go to the worker holding their session, so a worker that died idle could go unnoticed:
 # idle workers are pinged this often, and a dead one is replaced.
 PING_EVERY = 5.0
@@ -687,20 +692,24 @@ class WorkerPool:
             cap = answers.answer_cap(message)
             started = asyncio.get_running_loop().time()
             try:
-                answer, how = await lane.call(held, message, self.limits.call_timeout, cap)
+                body, how = await lane.call(held, message, self.limits.call_timeout, cap)
             except BaseException:  # cancelled: its process is ended (see ``lane.call``)
                 self._unhome(session)
                 raise
-            finally:
-                if worker.tmp is not None:
-                    worker.tmp.empty()
-            if how == "done" and answer is not None:
-                checked = answers.checked("call", answer, message)
-                failure = checked.get("error")
-                if answers.untouched(answer) and (failure is None or failure.get("type") in answers.UNTOUCHED):
+            if how == "done" and body is not None:
+                try:
+                    checked = await self._checked(worker, body, message)
+                except (TimeoutError, *LOST) as exc:
+                    healthy = False
+                    self._unhome(session)
+                    return _outcome({"error": answers.error(answers.ToolError.SANDBOX_ERROR,
+                                                            f"the sandbox worker was lost ({exc!r}) and replaced")})
+                healthy = checked.pop("unhealthy", None) is not True  # (a worker that checked it may say so)
+                if answers.untouched(checked):
                     self._homes[session] = (slot, step + 1)
                     held.version = step + 1
-                else:
+                else:  # its instance may have changed unanswered (the process exits by itself too)
+                    held.signal(signal.SIGKILL)
                     self._unhome(session)
                 return _outcome(checked)
             self._lanes.pop(session, None)  # (first: the worker ends it now, not as an ending)
@@ -720,10 +729,30 @@ class WorkerPool:
                 return None  # the worker had ended it before the call reached it: rebuilt from the store
             return _outcome(collected if isinstance(collected.get("error"), dict) else answers.malformed())
         finally:
-            if healthy:
-                self._put(worker)
-            else:
-                self._replace(worker)
+            # (shielded: a cancelled call must not hand the worker on while its /tmp is being emptied)
+            await asyncio.shield(self._release(worker, healthy))
+
+    async def _checked(self, worker: Worker, body: bytes, message: frames.Call) -> dict[str, Any]:
+        """A lent process's answer, decoded and checked: here when it is small, else by its worker,
+        in its own process (untrusted JSON can take seconds to decode and walk, and this event
+        loop serves every session)."""
+        if len(body) <= INLINE_ANSWER_BYTES:
+            return answers.checked("call", decode_answer(body), message)
+        limits = {k: v for k, v in message.items() if k.startswith("max_") or k == "deltas"}
+        check: dict[str, Any] = {"op": "check", "answer": body, **limits}  # (a ``frames.Check``)
+        return await self._roundtrip(worker, check, self.limits.call_timeout + 2 * GUARD_MARGIN)
+
+    async def _release(self, worker: Worker, healthy: bool) -> None:
+        """Hand ``worker`` on after a call straight to one of its processes: its /tmp emptied first
+        (off the event loop when the call left anything there), or the worker replaced if that
+        cannot be done."""
+        tmp = worker.tmp
+        if healthy and tmp is not None and not tmp.untouched():
+            healthy = await asyncio.to_thread(tmp.empty)
+        if healthy:
+            self._put(worker)
+        else:
+            self._replace(worker)
 
     async def _call(self, env: EnvCode, message: frames.Call, state: str | Stored | None,
                     session: tuple[str, int, int | None] | None) -> CallOutcome:

@@ -15,6 +15,8 @@ BLOB = b"\x00"
 BLOB_HEAD = struct.Struct(">Q")
 BLOB_FIELD = "$bytes"
 BLOB_MIN = 4096
+# A field whose value is bytes, carried after the JSON as they are (one per frame).
+RAW_FIELD = "answer"
 # The byte that carries descriptors a worker hands the service (see ``sandbox.lane``).
 LEND_MARK = b"L"
 # Frames carry whole states; the service enforces its own, smaller state limit.
@@ -34,6 +36,10 @@ def encode_body(message: Any, *, ascii_fallback: bool = True) -> bytes:
     A state sent as a JSON string would be escaped on one side and unescaped on the other (every
     quote in it), twice per call; as bytes it is copied. Raises UnicodeEncodeError for text UTF-8
     cannot carry (lone surrogates) unless ``ascii_fallback`` (JSON escapes carry them)."""
+    raw = message.get(RAW_FIELD) if isinstance(message, dict) else None
+    if isinstance(raw, bytes):  # carried as it is, never as JSON
+        head = _json({**message, RAW_FIELD: None, BLOB_FIELD: RAW_FIELD}, ascii_fallback)
+        return BLOB + BLOB_HEAD.pack(len(head)) + head + raw
     state = message.get("state") if isinstance(message, dict) else None
     if isinstance(state, str) and len(state) >= BLOB_MIN:
         try:
@@ -82,7 +88,11 @@ def decode_body(body: bytes, depth: int | None = None) -> Any:
     if depth is not None and not depth_within(message, depth):
         raise ProtocolError("frame nests too deeply")
     if blob is not None:
-        if not isinstance(message, dict) or message.pop(BLOB_FIELD, None) != "state":
+        named = message.pop(BLOB_FIELD, None) if isinstance(message, dict) else None
+        if named == RAW_FIELD:
+            message[RAW_FIELD] = blob
+            return message
+        if named != "state":
             raise ProtocolError("frame carries bytes it does not name")
         try:
             message["state"] = blob.decode("utf-8")

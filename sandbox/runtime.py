@@ -43,14 +43,14 @@ from __future__ import annotations
 import os
 import resource
 import select
-import shutil
 import signal
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import answers, channel, contain, envhost, landlock, protocol, seccomp
+from sandbox import answers, channel, contain, envhost, landlock, protocol, scratch, seccomp
 from sandbox.answers import error
 from sandbox.forks import (
     DEFAULT_TIMEOUT,
@@ -58,6 +58,7 @@ from sandbox.forks import (
     Failure,
     WorkerLimits,
     close_inherited,
+    decode_answer,
     end,
     exited_by,
     outcome_error,
@@ -150,6 +151,7 @@ class Runtime:
         self.own_processes = own_processes
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = list(preserve or [])
+        self.tmp_mode = stat.S_IMODE(os.stat("/tmp").st_mode) if private_tmp else 0o1777
         self.hosts: dict[str, Host] = {}
         self.templates: dict[str, Host] = {}  # by environment and template key, least recently used first
         self.sources: dict[str, dict[str, Any]] = {}
@@ -232,6 +234,10 @@ class Runtime:
                 response = {"ok": True}
             elif op == "collect":
                 response = self._collect(request)
+            elif op == "check":  # a lent process's answer, too large for the service's event loop
+                raw = request.get("answer")
+                answer = decode_answer(raw) if isinstance(raw, bytes) else answers.malformed()
+                response = answers.checked("call", answer, request)
             elif op == "validate":
                 answer = self._zygote(request, float(request.get("timeout", DEFAULT_TIMEOUT)) + HOST_GUARD)
                 response = answers.checked(op, answer, request)
@@ -862,29 +868,45 @@ class Runtime:
         if self.zygote_pid in _reap():
             self.unhealthy = True  # without its zygote the worker can start no environment
     def _scrub(self) -> None:
-        """Leave nothing from this request for the next one."""
-        self._expire_residents()
-        self._reap()
-        self._fit_memory()
-        if not self.private_tmp:
-            return
-        self._empty_tmp()
-        if self.filter_missing is not None:  # else the seccomp filter keeps environment code from making any
-            contain.clear_ipc()
+        """Leave nothing from this request for the next one. Nothing here may raise: the answer is
+        owed all the same, and a worker that cannot tidy up is one to replace, not to end."""
+        try:
+            self._expire_residents()
+            self._reap()
+            self._fit_memory()
+            if not self.private_tmp:
+                return
+            self._empty_tmp()
+            if self.filter_missing is not None:  # else the seccomp filter keeps environment code from making any
+                contain.clear_ipc()
+        except Exception:
+            self.unhealthy = True
 
     def _empty_tmp(self) -> None:
+        """Empty /tmp (see ``sandbox.scratch``); one that cannot be emptied makes this worker one to
+        replace, so that nothing in it reaches another session."""
         if not self.private_tmp:
             return
-        for entry in os.scandir("/tmp"):
-            if any(p == entry.path or p.startswith(entry.path + "/") for p in self.preserve):
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
+        try:
+            tmp = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            self.unhealthy = True
+            return
+        try:
+            if os.fstat(tmp).st_uid == os.geteuid():  # (a /tmp of its own uid only where confinement is partial)
+                os.fchmod(tmp, self.tmp_mode)
+            emptied = scratch.empty(tmp, keep=lambda name: _preserved(f"/tmp/{name}", self.preserve))
+        except OSError:
+            emptied = False
+        finally:
+            os.close(tmp)
+        if not emptied:
+            self.unhealthy = True
+
+
+def _preserved(path: str, preserve: list[str]) -> bool:
+    """Whether ``path`` holds a folder confinement put back inside /tmp (never emptied)."""
+    return any(p == path or p.startswith(path + "/") for p in preserve)
 
 
 def _from_template(request: dict[str, Any]) -> bool:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         contain.die_with_parent()
         report = {"applied": [], "missing": {"all": "confinement disabled by --no-contain"}, "uid": os.getuid()}
     else:
-        report = contain.apply(args.uid, args.gid, given.tmp_mb, args.cgroup or None, args.cgroup_missing,
+        report = contain.apply(args.uid, args.gid, contain.tmp_options(given.tmp_mb, given.tmp_inodes), args.cgroup or None, args.cgroup_missing,
                                readable=(given.layers_root,) if given.layers_root else ())
     limits = WorkerLimits(
         memory_bytes=given.memory_mb << 20,
