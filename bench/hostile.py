@@ -52,6 +52,65 @@ SHARED = ("class Shared:\n    def __init__(self):\n        shared = tuple(range(
 HOARD = ("class Hoard:\n    def __init__(self):\n        self.blobs = []\n\n"
          "    def hoard(self, megabytes: int) -> int:\n        \"\"\"Keep a blob.\"\"\"\n"
          "        self.blobs.append('x' * (megabytes << 20))\n        return len(self.blobs)\n")
+TMP_ABUSE = """
+import os, select, stat, struct
+
+
+class Abuse:
+    def __init__(self):
+        self.n = 0
+
+    def chmod_tmp(self) -> str:
+        \"\"\"Take /tmp's permissions off.\"\"\"
+        try:
+            os.chmod("/tmp", 0)
+        except OSError as exc:
+            return type(exc).__name__
+        return "changed"
+
+    def links(self) -> int:
+        \"\"\"Hard links until /tmp refuses more.\"\"\"
+        open("/tmp/f", "w").close()
+        made = 0
+        try:
+            for n in range(600_000):
+                os.link("/tmp/f", f"/tmp/l{n}")
+                made += 1
+        except OSError:
+            pass
+        return made
+
+    def nest(self) -> int:
+        \"\"\"Folders 3,000 deep.\"\"\"
+        fd = os.open("/tmp", os.O_RDONLY)
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(fd)
+        return 3000
+
+    def forge(self) -> str:
+        \"\"\"An answer of 5.5 M empty lists on the answer pipe.\"\"\"
+        body = b'{"ok":true,"error":null,"state":null,"diff":{"added":[],"removed":[],"changed":[]},"result":[' \\
+            + b"[]," * 5_499_999 + b"[]]}"
+        for fd in range(3, 256):
+            try:
+                if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    continue
+                os.write(fd, b"")
+            except OSError:
+                continue
+            data = memoryview(struct.pack(">Q", len(body)) + body)
+            while data:
+                try:
+                    data = data[os.write(fd, data):]
+                except BlockingIOError:
+                    select.select([], [fd], [])
+            os._exit(0)
+        return "no pipe"
+"""
 PLAIN = "class Plain:\n    def go(self) -> int:\n        \"\"\"Go.\"\"\"\n        return 1\n"
 
 
@@ -110,6 +169,19 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
     shared = http.post("/v1/sessions", json={"env_id": "shared"}).json()["session_id"]
     spinners = [http.post("/v1/sessions", json={"scenario_id": "probe-001"}).json()["session_id"] for _ in range(8)]
     victim_sid = victim.post("/v1/sessions", json={"scenario_id": "probe-001"}).json()["session_id"]
+    http.post("/v1/environments", json={"env_id": "abuse", "class_name": "Abuse", "code": TMP_ABUSE})
+    abusers = [http.post("/v1/sessions", json={"env_id": "abuse"}).json()["session_id"] for _ in range(3)]
+    abuse_turn = iter(range(10**9))
+
+    def abuse(tool: str) -> Callable[[], object]:
+        def fire() -> object:
+            sid = abusers[next(abuse_turn) % len(abusers)]
+            answer = http.post(f"/v1/sessions/{sid}/calls", json={"name": tool})
+            if answer.status_code != 200:
+                return answer.status_code
+            body = answer.json()
+            return body["result"] if body["ok"] else body["error"]["type"]
+        return fire
     held: list[socket.socket] = []
     spin_turn = iter(range(10**9))
 
@@ -186,6 +258,10 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
         "8 hostile submissions vs a plain": Attack(lambda: http.post(
             "/v1/environments", json=pathological(f"hostile-{next(counter)}")).status_code, threads=8,
             victim=victim_registration),
+        "chmod /tmp 0": Attack(abuse("chmod_tmp"), victim=victim_call),
+        "600,000 hard links in /tmp, 3 sessions": Attack(abuse("links"), threads=3, victim=victim_call),
+        "3,000 nested folders in /tmp": Attack(abuse("nest"), victim=victim_call),
+        "forged 16.5 MB answer": Attack(abuse("forge"), victim=victim_call),
         "8 spinning calls vs a 1 ms call": Attack(lambda: http.post(
             f"/v1/sessions/{spinners[next(spin_turn) % 8]}/calls", json={"name": "spin"}).status_code, threads=8,
             victim=victim_call),
