@@ -112,7 +112,9 @@ async def test_a_killed_worker_is_replaced(pool_factory: Any) -> None:
         kill_worker(pool, worker)
         pool._put(worker)
         lost = await pool.call(PROBE, state, "increment", {})
-        assert not lost.ok and lost.error["type"] == "sandbox_error"
+        # (the pool may find the dead worker first, pinging its idle workers, and replace it: then
+        # no call is lost; otherwise the call that finds it is, with a sandbox error)
+        assert lost.ok or lost.error["type"] == "sandbox_error"
         out = await pool.call(PROBE, state, "increment", {})
         assert out.ok
         assert pool.replaced == 1
