@@ -23,6 +23,7 @@ from sandbox.protocol import HEADER, frame_length
 WORKER = Path(__file__).with_name("worker.py")
 # Nothing of the service's environment (REDIS_URL, API keys) reaches a worker.
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "HOME": "/tmp"}
+UID_SPAN = 4096  # workers' uids are taken from base .. base + UID_SPAN - 1
 
 
 class ProcessChannel:
@@ -69,7 +70,7 @@ class UidAllocator:
     it, which the kernel releases when this process dies, however it dies.
     """
 
-    def __init__(self, base: int, span: int = 4096, folder: str = "/run/lock/envfoundry-uids") -> None:
+    def __init__(self, base: int, span: int = UID_SPAN, folder: str = "/run/lock/envfoundry-uids") -> None:
         self.base = base
         self.span = span
         self.folder = folder

@@ -3,7 +3,12 @@ operator allows.
 
 An environment declares ``requirements`` (PEP 508 names, optionally with versions:
 ``mpmath==1.3.0``, ``pydantic>=2.7,<3``); the operator lists what may be installed in
-``ENVFOUNDRY_ALLOWED_REQUIREMENTS`` (same syntax). A declared requirement is allowed when the
+``ENVFOUNDRY_ALLOWED_REQUIREMENTS`` (same syntax). A requirement is data, never a place: a project
+name and PEP 440 versions with ``==``, ``!=``, ``>=``, ``<=``, ``<``, ``>``, ``~=`` (a ``.*``
+wildcard with ``==`` and ``!=``, a local ``+label`` where PEP 440 allows one, i.e. with ``==`` and
+``!=`` too). No ``===`` (it compares any text, and pip reads text with a ``/`` as a folder to
+build), URL, marker or extras. What pip is given is rendered again from the parsed name and
+versions, never the declared text. A declared requirement is allowed when the
 allow-list names the same project; it is installed within both version ranges at once, so the
 operator's bounds always hold. Imports are read from the code's syntax tree (nothing runs): a
 top-level import of anything outside the standard library that no declared package provides is
@@ -16,7 +21,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import Specifier, SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from service.catalog import Catalog, CatalogError, Environment
 
@@ -26,6 +33,8 @@ if TYPE_CHECKING:
 SETTING = "ENVFOUNDRY_ALLOWED_REQUIREMENTS"
 MAX_REQUIREMENTS = 32
 MAX_REQUIREMENT_LENGTH = 200
+OPERATORS = ("==", "!=", ">=", "<=", "<", ">", "~=")
+WILDCARD_OPERATORS = ("==", "!=")
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,8 @@ class Pin:
 
 def parse(text: str, *, field: str = "requirements") -> Requirement:
     """A requirement an environment or the allow-list may name: a project and versions, nothing
-    else (a URL or a marker would say where or when to install; the service decides both).
+    else (a URL, a path or a marker would say where or when to install; the service decides both).
+    The result is built again from the parsed parts: a canonical name and normalized versions.
 
     Raises:
         CatalogError: ``reason='invalid_requirement'``, naming the text.
@@ -57,7 +67,36 @@ def parse(text: str, *, field: str = "requirements") -> Requirement:
     if requirement.url or requirement.marker or requirement.extras:
         raise CatalogError(f"{field}: {text!r} may name a project and versions only (no URL, marker or extras)",
                            field=field, reason="invalid_requirement")
-    return requirement
+    versions = []
+    for specifier in requirement.specifier:
+        clean = _version(specifier)
+        if clean is None:
+            raise CatalogError(f"{field}: {text!r} may compare versions only with {' '.join(OPERATORS)} and "
+                               f"PEP 440 versions ({str(specifier)!r} is not one)", field=field,
+                               reason="invalid_requirement")
+        versions.append(clean)
+    return Requirement(canonicalize_name(requirement.name) + ",".join(sorted(versions)))
+
+
+def _version(specifier: Specifier) -> str | None:
+    """``specifier`` rendered from its parsed operator and version, or None when it is not an
+    operator of OPERATORS with a PEP 440 version (``===`` compares arbitrary text)."""
+    if specifier.operator not in OPERATORS:
+        return None
+    text = specifier.version
+    wildcard = text.endswith(".*") and specifier.operator in WILDCARD_OPERATORS
+    try:
+        version = Version(text[:-2] if wildcard else text)
+    except InvalidVersion:
+        return None
+    if wildcard and version.local is not None:
+        return None
+    rendered = f"{specifier.operator}{version}{'.*' if wildcard else ''}"
+    try:
+        Specifier(rendered)  # (the grammar's rules: a local version or ~= with one part are refused)
+    except ValueError:
+        return None
+    return rendered
 
 
 class AllowList:
@@ -94,7 +133,7 @@ class AllowList:
                 listed = ", ".join(str(r) for r in self.entries.values()) or "nothing"
                 raise CatalogError(f"requirements[{i}]: {text!r} is not allowed on this service ({SETTING} "
                                    f"allows {listed})", field=f"requirements[{i}]", reason="requirement_not_allowed")
-            both = requirement.specifier & allowed.specifier
+            both: SpecifierSet = requirement.specifier & allowed.specifier  # (both parsed by parse())
             pins[name] = Pin(name, ",".join(sorted(str(s) for s in both)))
         return [pins[name] for name in sorted(pins)]
 

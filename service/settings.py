@@ -7,12 +7,15 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, create_model, field_validator
+from pydantic import AliasChoices, Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sandbox import limits
 from sandbox.limits import Limits
+from sandbox.process import UID_SPAN
+from service.catalog import CatalogError
 from service.connections import ConnectionBounds
+from service.layers import BUILD_UID
 from service.requirements import AllowList, Packages
 from service.sessions import SessionLimits
 
@@ -92,6 +95,9 @@ class _Settings(BaseSettings):
         "optionally with versions ('mpmath==1.3.0', 'pydantic>=2.7,<3'), as a JSON list or one per line. "
         "An environment's requirement is installed within both its own and this version range. Empty: "
         "environments use the standard library only.")
+    build_uid: int = Field(default=BUILD_UID, gt=0, description="The uid and gid pip runs as to install "
+                           "allowed requirements when the service is root: none a sandbox worker runs as (not "
+                           "65534, not worker_uid_base and the 4095 uids above it).")
     wheelhouse: Path | None = Field(default=None, description="A folder of wheels to install allowed "
                                     "requirements from, with no package index (pip --no-index --find-links); "
                                     "unset: pip's configured index.")
@@ -116,6 +122,22 @@ class _Settings(BaseSettings):
                                                                    if line.strip()]
         return value
 
+    @field_validator("allowed_requirements")
+    @classmethod
+    def _requirements_parse(cls, value: list[str]) -> list[str]:
+        try:
+            AllowList(value)
+        except CatalogError as exc:
+            raise ValueError(exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _build_uid_is_no_worker_uid(self) -> _Settings:
+        if self.build_uid == 65534 or self.worker_uid_base <= self.build_uid < self.worker_uid_base + UID_SPAN:
+            raise ValueError(f"build_uid {self.build_uid} is a sandbox worker's uid (65534, or {self.worker_uid_base}"
+                             f"..{self.worker_uid_base + UID_SPAN - 1})")
+        return self
+
     def packages(self) -> Packages:
         """The allow-list and, when it allows anything, the layers built from it.
 
@@ -127,7 +149,7 @@ class _Settings(BaseSettings):
             return Packages(allowed, None)
         from service.layers import Layers
 
-        return Packages(allowed, Layers(self.layers_dir, wheelhouse=self.wheelhouse))
+        return Packages(allowed, Layers(self.layers_dir, wheelhouse=self.wheelhouse, build_uid=self.build_uid))
 
     def instance_name(self) -> str:
         return self.service_name or f"envfoundry-{socket.gethostname()}-{self.port}"

@@ -190,6 +190,46 @@ def test_refused_imports_and_requirements_are_422_naming_them(tmp_path: Path, wh
     assert "undeclared: undeclared_import" in log and "forbidden: requirement_not_allowed" in log
 
 
+# Requirements that name a place or a condition: each is refused before pip runs, naming itself.
+NOT_VERSIONS = [
+    ["efdemo===/../../proc/1/root/tmp/p"],
+    ["efdemo @ file:///tmp/x"],
+    ["efdemo==1.0; python_version>'3'"],
+    ["efdemo[extra]==1.0"],
+    ["./efdemo"],
+    ["efextra==0.1", "efdemo>=1.0,===2"],
+]
+
+
+def test_requirements_that_are_not_versions_are_422_before_pip_runs(tmp_path: Path, backend: str,
+                                                                    wheelhouse: Path) -> None:
+    # What the tenant's own code could have written for pip to build, were its path taken for one.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "setup.py").write_text(f"open({str(tmp_path / 'built')!r}, 'w').write('ran')\n"
+                                      "from setuptools import setup\nsetup(name='efdemo', version='9')\n")
+    make_wheel(wheelhouse, "efextra", "0.1", {"efextra.py": "X = 1\n"})
+    server = _serve(tmp_path, backend, "efdemo\nefextra", wheelhouse, ())
+    try:
+        with server.client() as http:
+            for i, requirements in enumerate([*NOT_VERSIONS, [f"efdemo==={planted}"]]):
+                answer = http.post("/v1/environments", json={"env_id": f"bad-{i}", "class_name": "Demo",
+                                                              "code": DEMO_ENV, "requirements": requirements})
+                assert answer.status_code == 422, answer.text
+                assert answer.headers["content-type"].startswith("application/problem+json")
+                problem = answer.json()
+                at = len(requirements) - 1
+                assert problem["reason"] == "invalid_requirement", problem
+                assert problem["field"] == f"requirements[{at}]", problem
+                assert f"requirements[{at}]" in problem["detail"] and repr(requirements[at]) in problem["detail"]
+                assert http.get(f"/v1/environments/bad-{i}").status_code == 404
+    finally:
+        server.stop()
+    assert not (tmp_path / "built").exists()
+    layers = tmp_path / "layers"
+    assert not layers.exists() or [p.name for p in layers.iterdir() if p.name not in ("requests", "locks")] == []
+
+
 TAU_STYLE_ENV = '''
 from typing import Optional
 
@@ -245,6 +285,7 @@ class Airline:
 def pydantic_wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """pydantic and its dependencies as wheels, fetched once through pip's configured index."""
     folder = tmp_path_factory.mktemp("pydantic-wheels")
+    folder.chmod(0o755)  # (pip runs as a uid of its own: it must read the wheelhouse)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--dest",
                     str(folder), PYDANTIC], check=True, timeout=600)
     yield folder
