@@ -99,6 +99,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus metrics of this replica."""
     registry: Metrics = request.app.state.metrics
     registry.observe_pool(request.app.state.pool)
+    registry.websockets.set(request.app.state.sockets.open)
     return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
 
 

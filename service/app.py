@@ -22,6 +22,7 @@ from service.observability import Metrics, RequestLog
 from service.registry import Registry
 from service.sessions import SessionLimits, Sessions
 from service.settings import Settings
+from service.sockets import Sockets
 from service.store import SessionStore
 from service.user_llm import UserSimulator
 
@@ -131,6 +132,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
     metrics = Metrics()
     app.state.metrics = metrics
+    # (made here, not in the lifespan: ``envfoundry serve`` hands it to its connection protocol)
+    app.state.sockets = Sockets(settings.socket_limits())
     problems.install(app)
 
     @app.exception_handler(Exception)

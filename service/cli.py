@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from service.app import create_app, load_catalog
     from service.auth import KeyFileError, KeyRing
-    from service.connections import bounded_protocol
+    from service.connections import bounded_protocol, bounded_websockets
     from service.observability import configure_logging
 
     settings = _settings(args)
@@ -54,9 +54,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
           flush=True)
     print(f"console: http://{settings.host}:{settings.port}/ui/", flush=True)
-    uvicorn.run(create_app(settings, catalog), host=settings.host, port=settings.port, log_level="info",
-                log_config=log_config, access_log=False, http=bounded_protocol(settings.connection_bounds()),
-                timeout_keep_alive=settings.keep_alive_timeout)
+    app = create_app(settings, catalog)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", log_config=log_config,
+                access_log=False, http=bounded_protocol(settings.connection_bounds(), app.state.sockets),
+                ws=bounded_websockets(settings.websocket_close_timeout), timeout_keep_alive=settings.keep_alive_timeout)
     return 0
 
 

@@ -12,10 +12,13 @@ protocol with these added:
   previous response, for a kept-alive connection) closes the connection, as does a body not
   complete ``body_timeout`` seconds after its head;
 - past ``max_connections`` open connections, a new one closes the connection that has waited
-  longest for a request (idle, or still sending its head); if every connection is busy with a
-  request, the new one is closed. A request being answered is never cut.
+  longest for a request (idle, or still sending its head); failing that, the WebSocket that has
+  waited longest for a message of the tenant holding the most (``service/sockets.py``); if every
+  connection is busy with a request, the new one is closed. A request being answered is never cut.
 
-The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``.
+The idle keep-alive timeout is uvicorn's own ``timeout_keep_alive``. ``bounded_websockets`` is
+uvicorn's WebSocket protocol with a close handshake the peer never completes cut after
+``close_timeout`` seconds (uvicorn waits 10).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/problem+json\r\n"
                   b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
@@ -46,13 +50,20 @@ def _head_problem(limit: int) -> bytes:
     return HEAD_TOO_LARGE % (len(detail), detail)
 
 
-def bounded_protocol(bounds: ConnectionBounds) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol class with ``bounds`` (pass it as ``uvicorn.run(http=...)``)."""
+class WebSockets(Protocol):
+    def make_room(self) -> bool:
+        """Close an idle WebSocket; False when there is none."""
+
+
+def bounded_protocol(bounds: ConnectionBounds, websockets: WebSockets | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class with ``bounds`` (pass it as ``uvicorn.run(http=...)``);
+    ``websockets`` are the app's, which it may close to make room."""
 
     class Bounded(_Bounded):
         pass
 
     Bounded.bounds = bounds
+    Bounded.websockets = websockets
     Bounded.waiting = OrderedDict()  # this server's own: the connections waiting for a head, oldest first
     return Bounded
 
@@ -60,6 +71,7 @@ def bounded_protocol(bounds: ConnectionBounds) -> type[HttpToolsProtocol]:
 class _Bounded(HttpToolsProtocol):
     bounds: ConnectionBounds = ConnectionBounds()
     waiting: OrderedDict[_Bounded, None] = OrderedDict()
+    websockets: WebSockets | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -98,13 +110,16 @@ class _Bounded(HttpToolsProtocol):
 
     def _make_room(self) -> None:
         """Close the connection waiting longest for a head (in constant time: a flood of new connections
-        must not cost a walk over every open one), or this one if every other is answering."""
+        must not cost a walk over every open one), else an idle WebSocket, or this one if every other
+        is answering."""
         for oldest in self.waiting:
             if oldest is self:
                 break
             oldest._got_head()
             oldest.transport.close()
             return
+        if self.websockets is not None and self.websockets.make_room():
+            return  # (upgraded connections are not in ``waiting``: their protocol is uvicorn's)
         self._got_head()
         self.transport.close()
 
@@ -142,3 +157,18 @@ class _Bounded(HttpToolsProtocol):
         self._arm(None)  # the connection is the WebSocket protocol's from here on
         self._got_head()
         super().handle_websocket_upgrade()
+
+
+def bounded_websockets(close_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's WebSocket protocol class (pass it as ``uvicorn.run(ws=...)``) that closes the
+    connection ``close_timeout`` seconds after sending a close frame the peer has not answered."""
+    if AutoWebSocketsProtocol is None:
+        raise RuntimeError("no WebSocket library is installed (uvicorn[standard] brings websockets)")
+    base: Any = AutoWebSocketsProtocol
+
+    class BoundedWebSocket(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.close_timeout = close_timeout  # (uvicorn's WebSocket protocols set 10 s here)
+
+    return BoundedWebSocket

@@ -67,6 +67,8 @@ class Metrics:
                                    "holds, page cache aside.", ["worker"], registry=r)
         self.worker_memory_limit = Gauge("envfoundry_sandbox_worker_memory_limit_bytes", "Size of a sandbox "
                                          "worker's memory cgroup or container.", ["worker"], registry=r)
+        self.websockets = Gauge("envfoundry_websockets_open", "OpenEnv WebSockets open (each holds a connection).",
+                                registry=r)
         self.evictions = Gauge("envfoundry_sandbox_live_session_evictions", "Live sessions a worker slot ended to "
                                "keep room for a call, since start (they go cold, not lost).", ["worker"], registry=r)
 

@@ -14,8 +14,13 @@ OpenEnv's own servers answer HTTP ``/reset`` and ``/step`` from a throwaway envi
 request; here an HTTP episode is a stored session, so ``/step`` names its ``episode_id``.
 
 Every endpoint takes the API key REST takes (scope ``run``) and sees only the key's tenant. The
-WebSocket authenticates its upgrade request the same way and bounds each message as REST bounds a
-body; each message is logged and counted (method ``WS``) as a request is. A WebSocket ``close``
+WebSocket authenticates its upgrade request the same way, before accepting it: a refused upgrade
+(no key, a wrong one, a key without ``run``, or past a WebSocket cap of ``service/sockets.py``) is
+answered with the problem+json REST would answer and its connection closed at once (logged and
+counted as message type ``connect``). It bounds each message as REST bounds a body; each message
+is logged and counted (method ``WS``) as a request is. A socket that waits too long for a message,
+or whose connection the server needs for another client, is closed (1001 or 1013) and its episode
+stays, as when a connection drops. A WebSocket ``close``
 message ends the episode the connection opened; a connection that just drops leaves it in the
 store (idle sessions expire), so a client can reconnect, here or on another replica, and continue
 with ``reset(episode_id=...)``. ``?session_id=`` binds the connection to an episode opened
@@ -27,6 +32,7 @@ OpenEnv's, and its clients are what the tests drive them with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -36,13 +42,14 @@ from typing import Any
 from fastapi import APIRouter, Body, FastAPI, Header, Query, Request, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from service import idempotency, openenv_rpc
+from service import idempotency, openenv_rpc, problems
 from service.api import Run
 from service.auth import Principal
 from service.calls import checked_key
 from service.limits import non_finite
 from service.openenv import Episodes, error_code, mcp_tools, problem
 from service.problems import InvalidRequest, LimitExceeded, ServiceError
+from service.sockets import Closing, Socket
 
 BASE = "/openenv/{env_id}"
 WS_ROUTE = f"{BASE}/ws"
@@ -238,10 +245,41 @@ def _parsed(text: str, max_bytes: int, max_values: int) -> Any:
 
 
 async def websocket_endpoint(websocket: WebSocket, env_id: str) -> None:
-    await websocket.accept()
+    state = websocket.app.state
+    started = time.perf_counter()
+    tenant = "-"
+    try:
+        # Before accepting: a refused upgrade is answered and its connection closed at once.
+        who = state.keys.authenticate(websocket.headers.get("authorization"), "run")
+        tenant = who.tenant
+        held = state.sockets.claim(who.tenant if state.keys.enabled else _address(websocket))
+    except ServiceError as exc:
+        _observe(state.metrics, "connect", str(exc.status), time.perf_counter() - started, tenant, None)
+        await _deny(websocket, exc)
+        return
+    try:
+        await websocket.accept()
+        await _serve(websocket, env_id, who, held)
+    finally:
+        state.sockets.release(held)
+
+
+def _address(websocket: WebSocket) -> str:
+    """Without API keys every client is one tenant: its sockets are capped per address instead."""
+    return websocket.client.host if websocket.client else ""
+
+
+async def _deny(websocket: WebSocket, exc: ServiceError) -> None:
+    """Answer the upgrade request with the problem REST would answer (401, 403, 429 or 503)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(problems.error_response(exc, websocket.url.path))
+    else:
+        await websocket.close(1008)  # a server without the denial extension answers a bare 403
+
+
+async def _serve(websocket: WebSocket, env_id: str, who: Principal, held: Socket) -> None:
     state = websocket.app.state
     try:
-        who = state.keys.authenticate(websocket.headers.get("authorization"), "run")
         conn = Connection(Episodes(state.sessions, env_id, who.tenant))
         await conn.episodes.environment()
         bound = websocket.query_params.get("session_id")
@@ -256,7 +294,12 @@ async def websocket_endpoint(websocket: WebSocket, env_id: str) -> None:
         return
     settings = state.settings
     while True:
-        received = await websocket.receive()
+        try:
+            received = await state.sockets.receive(held, websocket.receive)
+        except Closing as closing:  # idle too long, or its connection is needed: the episode stays
+            with contextlib.suppress(WebSocketDisconnect):
+                await websocket.close(closing.code, closing.reason)
+            return
         if received["type"] == "websocket.disconnect":
             return  # the episode stays for a reconnect
         started = time.perf_counter()

@@ -174,6 +174,14 @@ def problem_response(status: int, slug: str, title: str, detail: str, instance: 
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers or None)
 
 
+def error_response(exc: ServiceError, instance: str) -> JSONResponse:
+    """The problem+json answer to ``exc`` (also a refused WebSocket upgrade's)."""
+    extra = dict(exc.extra)
+    retry = extra.pop("retry_after", None)
+    return problem_response(exc.status, exc.slug, exc.title, exc.detail, instance,
+                            retry if retry is not None else announced_retry(exc), **extra)
+
+
 def announced_retry(exc: BaseException | None) -> float | None:
     """The ``retry_after`` an error or one of its causes carries (e.g. the store's reconnect delay)."""
     seen = 0
@@ -207,10 +215,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        extra = dict(exc.extra)
-        retry = extra.pop("retry_after", None)
-        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path,
-                                retry if retry is not None else announced_retry(exc), **extra)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> JSONResponse:

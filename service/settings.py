@@ -18,6 +18,7 @@ from service.connections import ConnectionBounds
 from service.layers import BUILD_UID
 from service.requirements import AllowList, Packages
 from service.sessions import SessionLimits
+from service.sockets import SocketLimits
 
 
 class _Settings(BaseSettings):
@@ -64,6 +65,17 @@ class _Settings(BaseSettings):
                                       "stays open.")
     max_connections: int = Field(default=1024, ge=1, description="Open connections; past it a new one closes the "
                                  "one that has waited longest for a request (requests being answered are kept).")
+    max_websockets: int | None = Field(default=None, ge=1, description="Open OpenEnv WebSockets; unset: half "
+                                       "of max_connections (keep it below, so HTTP always has room). Past it an "
+                                       "upgrade is refused 503, unless a tenant holding more has an idle one, "
+                                       "which is closed (1013) for it.")
+    max_websockets_per_tenant: int = Field(default=128, ge=1, description="Open OpenEnv WebSockets of one tenant "
+                                           "(without API keys: of one client address); past it an upgrade is "
+                                           "refused 429.")
+    websocket_idle: float = Field(default=300.0, gt=0, description="Seconds a WebSocket may wait for a message "
+                                  "before the server closes it (1001).")
+    websocket_close_timeout: float = Field(default=5.0, gt=0, description="Seconds the server waits for a peer "
+                                           "to answer its close frame before it drops the connection.")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")
     sandbox_wait: float = Field(default=60.0, gt=0, description="How long a request waits for a free sandbox worker.")
     api_keys: str | None = Field(
@@ -163,6 +175,10 @@ class _Settings(BaseSettings):
     def connection_bounds(self) -> ConnectionBounds:
         return ConnectionBounds(max_header_bytes=self.max_header_bytes, header_timeout=self.header_timeout,
                                 body_timeout=self.body_timeout, max_connections=self.max_connections)
+
+    def socket_limits(self) -> SocketLimits:
+        return SocketLimits(max_open=self.max_websockets or max(1, self.max_connections // 2),
+                            per_tenant=self.max_websockets_per_tenant, idle=self.websocket_idle)
 
     def limits(self) -> Limits:
         """The sandbox limits: those that are settings as set, the others derived from settings."""
