@@ -305,21 +305,30 @@ class MemoryStore:
 
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
         now = time.time()
-        live = {k: v for k, v in self._live.get(tenant, {}).items() if v > now}
-        for gone in self._live.get(tenant, {}).keys() - live.keys():
-            entry = self._sessions.get(gone)
-            if entry is not None and entry.expires_at <= now:
-                self._drop(gone)  # an expired session gives its bytes back
+        live = self._settled(tenant, now)
         if len(live) + len(session_ids) > limit:
-            self._live[tenant] = live
             return len(live)
         live.update({sid: now + self.ttl for sid in session_ids})
-        self._live[tenant] = live
         return None
+
+    def _settled(self, tenant: str, now: float) -> dict[str, float]:
+        """The tenant's live count (id -> when it was last known to expire). A read refreshes a
+        session's expiry, not this one, so an id whose time has passed is looked up: it stays while
+        its session lives, and goes (an expired session with its bytes) once it does not."""
+        live = self._live.setdefault(tenant, {})
+        for sid in [sid for sid, expires in live.items() if expires <= now]:
+            entry = self._sessions.get(sid)
+            if entry is not None and entry.expires_at > now:
+                live[sid] = entry.expires_at
+                continue
+            del live[sid]
+            if entry is not None:
+                self._drop(sid)  # an expired session gives its bytes back
+        return live
 
     async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
         now = time.time()
-        alive = sorted((expires, sid) for sid, expires in self._live.get(tenant, {}).items() if expires > now)
+        alive = sorted((expires, sid) for sid, expires in self._settled(tenant, now).items())
         return [sid for _, sid in alive[offset:offset + limit]], len(alive)
 
     async def forget(self, tenant: str, session_ids: list[str]) -> None:

@@ -43,6 +43,11 @@ class Metrics:
         self.sessions = Counter("envfoundry_sessions_created", "Sessions created (groups and forks count each).",
                                 ["kind"], registry=r)
         self.sessions_deleted = Counter("envfoundry_sessions_deleted", "Sessions deleted.", registry=r)
+        self.replays = Counter("envfoundry_replays", "Past states asked for that steps had to be run again to "
+                               "rebuild, by outcome: 'replayed', 'cached' (rebuilt before), 'refused' (over the "
+                               "tenant's replay budget), 'failed'.", ["outcome"], registry=r)
+        self.replay_seconds = Counter("envfoundry_replay_seconds", "Seconds replays took, charged to their "
+                                      "tenants.", registry=r)
         self.store_latency = Histogram("envfoundry_store_duration_seconds", "Session store operations.",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.store_errors = Counter("envfoundry_store_errors", "Session store operations that failed.", registry=r)

@@ -131,14 +131,10 @@ if result == 1 then
   if #KEYS == 10 then
     redis.call('HINCRBY', KEYS[9], ARGV[10], grown)
     redis.call('HINCRBY', KEYS[9], '#total', grown)
-    redis.call('PEXPIREAT', KEYS[9], ARGV[11])
   end
 end
 if ARGV[9] ~= '' and redis.call('GET', KEYS[6]) == ARGV[9] then redis.call('DEL', KEYS[6]) end
-if #KEYS >= 8 then
-  redis.call('ZADD', KEYS[8], 'XX', ARGV[11], ARGV[10])
-  redis.call('PEXPIREAT', KEYS[8], ARGV[11])
-end
+if #KEYS >= 8 then redis.call('ZADD', KEYS[8], 'XX', ARGV[11], ARGV[10]) end
 return {result, grown}
 """
 
@@ -201,16 +197,38 @@ local function uncount(counts, sid)
 end
 """
 
-ADMIT = UNCOUNT + """
-for _, sid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do uncount(KEYS[2], sid) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+# A tenant's live sessions are a sorted set of ids scored by when each was last known to expire; a
+# read refreshes a session's keys but not that score. So an id whose score has passed is settled:
+# the store looks up when its session really expires (ARGV from 5 on: n pairs of an id and that
+# time in ms, 0 when it is gone), and an id whose session lives on is scored again; the others
+# leave the set with their bytes. The tenant's keys do not expire by themselves (a TTL that reads
+# do not refresh would drop sessions that are alive from the count): they go when they count
+# nothing. ARGV: now, limit, the new ids' expiry, n, the n pairs, the new ids.
+SETTLE = UNCOUNT + """
+local function settle(live, counts, now, n)
+  for i = 5, 4 + 2 * n, 2 do
+    local until_ = tonumber(ARGV[i + 1])
+    if until_ > now then
+      redis.call('ZADD', live, 'XX', until_, ARGV[i])
+    elseif redis.call('ZREM', live, ARGV[i]) == 1 then
+      uncount(counts, ARGV[i])
+    end
+  end
+  redis.call('PERSIST', live)  -- (a set an older version left with a TTL)
+  redis.call('PERSIST', counts)
+end
+settle(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[4]))
+"""
+
+ADMIT = SETTLE + """
 local live = redis.call('ZCARD', KEYS[1])
-if live + #ARGV - 3 > tonumber(ARGV[2]) then return live end
-for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
-redis.call('PEXPIREAT', KEYS[1], ARGV[3])
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIREAT', KEYS[2], ARGV[3]) end
+local first = 5 + 2 * tonumber(ARGV[4])
+if live + #ARGV - first + 1 > tonumber(ARGV[2]) then return live end
+for i = first, #ARGV do redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i]) end
 return -1
 """
+
+PRUNE = SETTLE + "return 0"
 
 FORGET = UNCOUNT + """
 for _, sid in ipairs(ARGV) do
@@ -221,17 +239,17 @@ return 0
 """
 
 # Count bytes for a tenant unless that would pass its quota (then nothing is counted and the bytes
-# used are returned). ARGV: quota (-1: none), when the session counts expire (0: leave them), then
-# pairs of a session id (or '#records') and its bytes (negative to give bytes back).
+# used are returned). ARGV: quota (-1: none), then pairs of a session id (or '#records') and its
+# bytes (negative to give bytes back).
 RESERVE = """
 local need = 0
-for i = 3, #ARGV, 2 do need = need + tonumber(ARGV[i + 1]) end
+for i = 2, #ARGV, 2 do need = need + tonumber(ARGV[i + 1]) end
 local quota = tonumber(ARGV[1])
 if quota >= 0 and need > 0 then
   local used = tonumber(redis.call('HGET', KEYS[1], '#total') or '0') + tonumber(redis.call('GET', KEYS[2]) or '0')
   if used + need > quota then return used end
 end
-for i = 3, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   if ARGV[i] == '#records' then
     redis.call('INCRBY', KEYS[2], ARGV[i + 1])
   else
@@ -239,7 +257,6 @@ for i = 3, #ARGV, 2 do
     redis.call('HINCRBY', KEYS[1], '#total', ARGV[i + 1])
   end
 end
-if tonumber(ARGV[2]) > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
 return -1
 """
 
@@ -422,6 +439,7 @@ class RedisStore:
         self._release = self.client.register_script(RELEASE)
         self._put_record = self.client.register_script(PUT_RECORD)
         self._admit = self.client.register_script(ADMIT)
+        self._prune = self.client.register_script(PRUNE)
         self._forget = self.client.register_script(FORGET)
         self._reserve_script = self.client.register_script(RESERVE)
         self._renew = self.client.register_script(RENEW)
@@ -500,23 +518,22 @@ class RedisStore:
                      quota: int | None = None) -> None:
         await self.create_group([meta], state, initial, trajectory, quota=quota)
 
-    async def _reserve(self, tenant: str, counts: dict[str, int], quota: int | None, *, sessions: bool = True) -> None:
+    async def _reserve(self, tenant: str, counts: dict[str, int], quota: int | None) -> None:
         """Count bytes for ``tenant`` (a session id or '#records' to its bytes), all or none.
 
         Raises:
             BytesQuota: they would take the tenant past ``quota``; nothing is counted.
         """
-        expires = int((time.time() + self.ttl) * 1000) if sessions else 0
         pairs = [item for field, size in counts.items() for item in (field, size)]
         used = int(await self._reserve_script(keys=[self.keys.session_bytes(tenant), self.keys.record_bytes(tenant)],
-                                              args=[-1 if quota is None else quota, expires, *pairs]))
+                                              args=[-1 if quota is None else quota, *pairs]))
         if used >= 0:
             raise BytesQuota(used, sum(counts.values()), quota or 0)
 
     async def _unreserve(self, tenant: str, counts: dict[str, int]) -> None:
         """Give back bytes counted for writes that then failed (best effort: Redis may be gone)."""
         try:
-            await self._reserve(tenant, {field: -size for field, size in counts.items()}, None, sessions=False)
+            await self._reserve(tenant, {field: -size for field, size in counts.items()}, None)
         except RedisError:
             pass
 
@@ -786,7 +803,6 @@ class RedisStore:
             await self._reserve(tenant, {session_id: (int(grown) if int(outcome) == 1 else 0) - upper}, None)
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
-                pipe.pexpireat(self.keys.live_sessions(tenant), expires)
                 for name in held.bases if held is not None else []:  # on the tenant's slot too
                     pipe.pexpire(name, self._base_ttl_ms)
                 await pipe.execute()
@@ -797,10 +813,24 @@ class RedisStore:
 
     @_translated
     async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
-        now = int(time.time() * 1000)
+        now, due = await self._due(tenant)
         live = await self._script(self._admit, [self.keys.live_sessions(tenant), self.keys.session_bytes(tenant)],
-                                  [now, limit, now + self._ttl_ms, *session_ids])
+                                  [now, limit, now + self._ttl_ms, len(due) // 2, *due, *session_ids])
         return None if int(live) < 0 else int(live)
+
+    async def _due(self, tenant: str) -> tuple[int, list[Any]]:
+        """Now (ms), and the tenant's counted ids whose score has passed, each with when its session
+        really expires (0: gone), for ``SETTLE``. Reads refresh a session's keys, never its score."""
+        now = int(time.time() * 1000)
+        due = [str(sid) for sid in await self.client.zrangebyscore(self.keys.live_sessions(tenant), "-inf", now)]
+        if not due:
+            return now, []
+        async with self.client.pipeline(transaction=False) as pipe:  # (sessions on many slots of a cluster)
+            for sid in due:
+                pipe.pttl(self.keys.session(sid).meta)
+            left: list[Any] = await pipe.execute()
+        return now, [item for sid, ms in zip(due, left, strict=True)
+                     for item in (sid, now + int(ms) if int(ms) > 0 else now + self._ttl_ms if int(ms) == -1 else 0)]
 
     @_translated
     async def usage(self, tenant: str) -> int:
@@ -812,7 +842,10 @@ class RedisStore:
 
     @_translated
     async def live(self, tenant: str, offset: int, limit: int) -> tuple[list[str], int]:
-        key, now = self.keys.live_sessions(tenant), int(time.time() * 1000)
+        now, due = await self._due(tenant)
+        key = self.keys.live_sessions(tenant)
+        if due:
+            await self._prune(keys=[key, self.keys.session_bytes(tenant)], args=[now, -1, 0, len(due) // 2, *due])
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.zrangebyscore(key, now, "+inf", start=offset, num=limit)
             pipe.zcount(key, now, "+inf")
@@ -995,7 +1028,7 @@ class RedisStore:
             known = await self.client.hget(self.keys.records(kind, tenant), key)
             if known is not None:
                 return str(known)  # (not counted against the quota: nothing is written)
-            await self._reserve(tenant, size, quota, sessions=False)
+            await self._reserve(tenant, size, quota)
             try:
                 existing = await self._put_record(keys=[self.keys.records(kind, tenant)],
                                                   args=[key, value, -1 if limit is None else limit])
@@ -1030,7 +1063,7 @@ class RedisStore:
             pipe.hdel(name, key)
             size, removed = await pipe.execute()
         if int(removed) > 0:
-            await self._reserve(tenant, {"#records": -int(size)}, None, sessions=False)
+            await self._reserve(tenant, {"#records": -int(size)}, None)
         return int(removed) > 0
 
     @_translated

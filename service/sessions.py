@@ -40,6 +40,7 @@ from service.problems import (
     UserLLMUnavailable,
 )
 from service.registry import Registry, env_code
+from service.replays import ReplayBudget, ReplayCache
 from service.store import (
     BytesQuota,
     Held,
@@ -84,6 +85,10 @@ class SessionLimits:
     max_record_bytes: int = 256 * 1024
     score_budget: float = 20.0
     rewind_budget: float = 30.0  # replaying steps to show or fork a past state
+    replay_seconds: float = 60.0  # of replay one tenant may use per minute (see ``service.replays``)
+    max_tenant_replays: int = 2  # replays one tenant runs at once
+    replay_cache_entries: int = 1024  # past states rebuilt by replay, kept
+    replay_cache_bytes: int = 64 << 20  # and their size
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
     max_tenant_bytes: int = 1 << 30  # what one tenant's sessions and catalog records may store
     sandbox_reserve: int = 0  # sandbox workers kept for tenants that hold none (see FairGate)
@@ -108,6 +113,9 @@ class Sessions:
         self.metrics.sandbox_bounds.labels("cap").set(self.gate.cap)
         self.metrics.sandbox_bounds.labels("reserve").set(self.gate.reserve)
         self.metrics.sandbox_reserved.set_function(lambda: self.gate.reserved_grants)
+        self.replayed = ReplayCache(self.limits.replay_cache_entries, self.limits.replay_cache_bytes)
+        self.replay_budget = ReplayBudget(self.limits.replay_seconds, self.limits.max_tenant_replays,
+                                          self.metrics.replay_seconds.inc)
         self.registry = registry
         self.store = store
         self.pool = pool
@@ -626,20 +634,39 @@ class Sessions:
                                  "(0 is the initial state)", field="step")
 
     async def _state_at(self, snap: Snapshot, step: int, tenant: str) -> str:
-        """The state after ``step``, replayed from the initial state (see ``service.rewind``)."""
+        """The state after ``step``, replayed from the initial state (see ``service.rewind``), or as
+        rebuilt before; the replay's time is the tenant's (see ``service.replays``)."""
         self._check_step(snap, step)
         env = await self.environment_of(snap)
+        code = env_code(env)
+        key = (tenant, snap.meta.session_id, step, code.key)
+        kept = self.replayed.get(key)
+        if kept is not None:
+            self.metrics.replays.labels("cached").inc()
+            return kept
         budget = self.limits.rewind_budget
+        outcome = "failed"
         try:
-            async with self._sandbox_slot(tenant):
-                return await rewind.state_at(self.pool, env_code(env), snap.initial, snap.trajectory[:step], budget)
+            async with self.replay_budget.turn(tenant) as turn, self._sandbox_slot(tenant):
+                turn.start()  # (waiting for a worker is not charged)
+                state = await rewind.state_at(self.pool, code, snap.initial, snap.trajectory[:step], budget)
+            outcome = "replayed"
+        except QuotaExceeded:
+            outcome = "refused"
+            raise
         except rewind.NotReplayable as exc:
             raise Conflict(f"the state after step {step} cannot be rebuilt: {exc}", field="step") from exc
+        except rewind.SandboxFailed as exc:
+            raise Unavailable(f"{exc}; the steps are as recorded, retry") from exc
         except rewind.RewindBudget as exc:
             raise LimitExceeded(f"{exc}: fork at a later step, or raise the budget", limit="rewind_budget",
                                 value=budget) from exc
         except SandboxError as exc:
-            raise Unavailable(exc.message) from exc
+            raise Unavailable(f"the sandbox could not replay the steps: {exc.message}") from exc
+        finally:
+            self.metrics.replays.labels(outcome).inc()
+        self.replayed.put(key, state)
+        return state
 
     async def delete(self, session_id: str, *, tenant: str = "") -> None:
         await self.snapshot(session_id, tenant=tenant)

@@ -91,6 +91,15 @@ class _Settings(BaseSettings):
     score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
     rewind_budget: float = Field(default=30.0, gt=0, description="Seconds replaying a session's steps may take, to "
                                  "show or fork the state after a past step.")
+    replay_seconds: float = Field(default=60.0, gt=0, description="Seconds of replay (running a session's steps "
+                                  "again to rebuild a past state) one tenant may use per minute in each replica; "
+                                  "past it, 429 until paid back.")
+    max_tenant_replays: int = Field(default=2, ge=1, description="Replays one tenant may run at once in each "
+                                    "replica (429 beyond).")
+    replay_cache_entries: int = Field(default=1024, ge=0, description="Past states rebuilt by replay that each "
+                                      "replica keeps, so asking again costs no replay.")
+    replay_cache_bytes: int = Field(default=64 << 20, ge=0, description="Size of the past states rebuilt by "
+                                    "replay that each replica keeps, in characters of their encoded text.")
     tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
                                         "tenant may hold at once.")
     max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
@@ -169,6 +178,9 @@ class _Settings(BaseSettings):
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_steps=self.max_steps, max_sessions=self.max_sessions, max_record_bytes=self.max_record_bytes,
                              score_budget=self.score_budget, rewind_budget=self.rewind_budget,
+                             replay_seconds=self.replay_seconds, max_tenant_replays=self.max_tenant_replays,
+                             replay_cache_entries=self.replay_cache_entries,
+                             replay_cache_bytes=self.replay_cache_bytes,
                              tenant_sandbox_share=self.tenant_sandbox_share,
                              max_tenant_bytes=self.max_tenant_bytes, sandbox_reserve=self.sandbox_reserve)
 

@@ -792,3 +792,24 @@ async def test_expired_sessions_give_their_bytes_back(make_store: StoreFactory) 
     await asyncio.sleep(0.5)
     assert await store.admit(tenant, [], 10) is None  # (finds the expired session)
     assert await store.usage(tenant) == 0
+
+
+async def test_sessions_kept_alive_by_reads_alone_stay_counted_until_they_expire(make_store: StoreFactory) -> None:
+    """Every read refreshes a session's TTL; the tenant's count of live sessions and of bytes
+    follows it, so a tenant cannot hold more than its quota by reading sessions it never steps."""
+    store = make_store(ttl=0.6)
+    tenant = f"t-{secrets.token_hex(4)}"
+    metas = [_tenant_meta(tenant) for _ in range(2)]
+    assert await store.admit(tenant, [m.session_id for m in metas], 2) is None
+    await store.create_group(metas, "s" * 500, "{}", [])
+    for _ in range(5):  # twice the TTL and more, each session read in another way
+        await asyncio.sleep(0.25)
+        assert await store.load(metas[0].session_id, trajectory=True) is not None
+        assert await store.load(metas[1].session_id, blobs=False) is not None
+    assert await store.admit(tenant, [new_session_id()], 2) == 2
+    assert await store.usage(tenant) == 2 * 502
+    assert (await store.live(tenant, 0, 10))[1] == 2
+    assert await store.trajectory_page(metas[1].session_id, 0, 1) is not None
+    await asyncio.sleep(0.7)  # reads stop: both expire, and give their place and bytes back
+    assert await store.admit(tenant, [new_session_id()], 2) is None
+    assert await store.usage(tenant) == 0
