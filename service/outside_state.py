@@ -435,8 +435,8 @@ class _Checker:
             self._check_call(node, scope)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             if node.id not in scope.local and self.kinds.get(node.id) == "iterator":
-                self._add(node, node.id, f"draws from `{node.id}`, an iterator kept at module level",
-                          "keep a counter on `self` (e.g. `self.next_id`, set in `__init__`)")
+                self._add(node, node.id, "is an iterator kept at module level: what a call takes from it is not "
+                          "stored with the instance", "keep a counter on `self` (e.g. `self.next_id`, set in `__init__`)")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             holder = node.value
             on_self = isinstance(holder, ast.Name) and holder.id == scope.self_name
@@ -444,8 +444,9 @@ class _Checker:
                 info = scope.owner if on_self else self._referenced_class(holder, scope)
                 value = self._class_level(info, node.attr)
                 if value is not False and _is_iterator(value if isinstance(value, ast.expr) else None):
-                    self._add(node, _short(node), f"draws from `{node.attr}`, an iterator kept on the class",
-                              "keep a counter on `self` (e.g. `self.next_id`, set in `__init__`)")
+                    self._add(node, _short(node), "is an iterator kept on the class: what a call takes from it is "
+                              "not stored with the instance", "keep a counter on `self` (e.g. `self.next_id`, set in "
+                              "`__init__`)")
 
     @staticmethod
     def _store_targets(target: ast.expr) -> Iterator[ast.expr]:
