@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.catalog import Catalog, CatalogError, bundled_catalog_dir, build_environment
+from service.catalog import Catalog, CatalogError, build_environment, bundled_catalog_dir
 from tests.conftest import Server, start_server
 from tests.service.test_api import problem
 
