@@ -176,6 +176,8 @@ class _Checker:
         self.classes: dict[str, _Class] = {}
         self.functions: dict[str, _Function] = {}
         self.found: list[Finding] = []
+        self.families: dict[str, list[_Class]] = {}
+        self.class_level: dict[tuple[str, str], ast.expr | None | bool] = {}
 
     # -- what the module binds ------------------------------------------------------------
     def run(self) -> list[Finding]:
@@ -239,7 +241,7 @@ class _Checker:
                 info.attrs[item.target.id] = item.value
                 if fields_like and "ClassVar" not in _short(item.annotation):
                     info.fields.add(item.target.id)
-        for fn in (n for n in ast.walk(cls) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for fn in (n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             self_name = fn.args.args[0].arg if fn.args.args else None
             if self_name is None:
                 continue
@@ -280,6 +282,12 @@ class _Checker:
 
     def _family(self, info: _Class) -> list[_Class]:
         """The class, its ancestors and its descendants defined in the module."""
+        known = self.families.get(info.node.name)
+        if known is None:
+            known = self.families[info.node.name] = self._find_family(info)
+        return known
+
+    def _find_family(self, info: _Class) -> list[_Class]:
         family: dict[str, _Class] = {}
         stack = [info]
         while stack:  # ancestors
@@ -302,6 +310,12 @@ class _Checker:
         it (False when instances bind it, or it is no class-level name of the hierarchy)."""
         if info is None:
             return False
+        key = (info.node.name, attr)
+        if key not in self.class_level:
+            self.class_level[key] = self._find_class_level(info, attr)
+        return self.class_level[key]
+
+    def _find_class_level(self, info: _Class, attr: str) -> ast.expr | None | bool:
         family = self._family(info)
         if any(attr in c.bound or c.dynamic or attr in c.fields for c in family):
             return False
@@ -314,6 +328,8 @@ class _Checker:
     def _reachable(self, methods: list[_Function]) -> list[_Function]:
         """Module-level functions a method calls or refers to (transitively); for a decorator of a
         method, only the functions it defines (its own body runs once, at import)."""
+        if not self.functions:
+            return []
         seen: set[str] = set()
         out: list[_Function] = []
         stack: list[ast.AST] = list(methods)
@@ -354,9 +370,10 @@ class _Checker:
                 cls_name, self_name = params[0], None
             else:
                 self_name = params[0]
+        nodes = list(_own_nodes(fn))  # (walked once: the passes below read it several times)
         declared: set[str] = set()
         stored: set[str] = set(params)
-        for node in _own_nodes(fn):
+        for node in nodes:
             if isinstance(node, ast.Global):
                 declared.update(node.names)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -367,15 +384,15 @@ class _Checker:
                 stored.update((a.asname or a.name).partition(".")[0] for a in node.names)
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 stored.add(node.name)
-        rebound = {n.id for n in _own_nodes(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        rebound = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         scope = _Scope(fn, self_name, cls_name, owner, local=(stored - declared) | (enclosing - declared),
                        declared_global=declared, defaults=self._mutable_defaults(fn, rebound))
         if self_name in rebound:
             scope.self_name = None  # ``self`` rebound to something else: nothing to say about it
-        self._aliases(scope)
-        for node in _own_nodes(fn):
+        self._aliases(scope, nodes)
+        for node in nodes:
             self._check_node(node, scope)
-        for nested in _nested_functions(fn):
+        for nested in (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             self._check_function(nested, owner, enclosing=scope.local - {scope.self_name or ""},
                                  self_name=scope.self_name, method=False, cls_name=scope.cls_name)
 
@@ -387,12 +404,13 @@ class _Checker:
         pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
         return {a.arg: d for a, d in pairs if _is_container(d) and a.arg not in rebound}
 
-    def _aliases(self, scope: _Scope) -> None:
+    def _aliases(self, scope: _Scope, nodes: list[ast.AST]) -> None:
         """Locals bound to an object kept outside the instance (``items = ITEMS``, ``for o in
         Order.registry.values()``): changing them changes that object. Two passes follow an
         alias of an alias."""
+        bindings = [n for n in nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor))]
         for _ in range(2):
-            for node in _own_nodes(scope.fn):
+            for node in bindings:
                 value: ast.expr | None = None
                 targets: list[ast.expr] = []
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
