@@ -52,6 +52,12 @@ class Limits:
     residents: int = _limit(32, "Live sessions each sandbox worker keeps between calls (0: every call rebuilds "
                                 "the instance from the stored state).", setting="residents", flag="--residents",
                             ge=0, le=1024)
+    # A check of environment code (a correct class gives the same results either way), not a way
+    # to serve: every call then decodes the state and starts a process.
+    rebuild_every_call: bool = _limit(False, "Rebuild every session call's instance from the stored state: no "
+                                             "live sessions (residents 0), no call straight to a session's "
+                                             "process, no initial state forked from a template.",
+                                      setting="rebuild_every_call")
     resident_memory_mb: int = _limit(512, "Memory a sandbox worker's live sessions may hold, as measured from "
                                           "its memory cgroup; past it the least recently used go cold (their "
                                           "next call rebuilds them from the store).", setting="resident_memory_mb",

@@ -602,6 +602,8 @@ class WorkerPool:
         sessions as forks of it, and the encoded state it made is kept here by its digest, so a
         session made from it costs neither building nor encoding the state, whatever its size.
         """
+        if self.limits.rebuild_every_call:  # nothing kept live, nothing forked from a template
+            session = template = None
         message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes}
         cached = self._initial.get(template) if template is not None else None
@@ -651,6 +653,8 @@ class WorkerPool:
         ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
         carry the ``delta`` instead of the state."""
         message = self._call_message(env, name, arguments, deltas)
+        if self.limits.rebuild_every_call:
+            return await self._rebuilt_call(message, env, await load_state())
         home = self._homes.get(session)
         held = self._lanes.get(session)
         if home is not None and home[1] == step and held is not None:
@@ -670,6 +674,15 @@ class WorkerPool:
             self.live_calls += 1
         else:
             self.rebuilt_calls += 1
+        return outcome
+
+    async def _rebuilt_call(self, message: frames.Call, env: EnvCode, state: str | Stored) -> CallOutcome:
+        """A session call with ``rebuild_every_call``: its instance rebuilt from the stored state by a
+        fork of the environment's host, not of a template, and not kept after the call."""
+        if isinstance(state, Stored) and state.template is not None:
+            state = Stored(state.text, state.delta)
+        outcome = await self._call(env, message, state, None)
+        self.rebuilt_calls += 1
         return outcome
 
     def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> frames.Call:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.schema import SchemaError, extract_tools
+from service import outside_state
 
 
 class CatalogError(Exception):
@@ -261,16 +262,23 @@ def build_environment(
     rules: list[str] | None = None,
     tool_overrides: dict[str, dict[str, Any]] | None = None,
     requirements: list[str] | None = None,
+    check_state: bool = True,
 ) -> Environment:
     """Parse the class statically and extract its tools. Nothing is executed here.
 
+    ``check_state``: refuse code that keeps state outside the instance (``service.outside_state``);
+    off only for records stored before that check existed, which are served as they were accepted.
+
     Raises:
-        CatalogError: the code does not parse or does not define ``class_name``.
+        CatalogError: the code does not parse or does not define ``class_name``; or (reason
+            ``state_outside_instance``) it keeps state where a rebuilt session loses it.
     """
     try:
         tools = extract_tools(code, class_name)
     except SchemaError as exc:
         raise CatalogError(str(exc), field="code", reason=exc.reason) from exc
+    if check_state:
+        refuse_outside_state(code)
     overrides = tool_overrides or {}
     for tool in tools:
         fn = tool["function"]
@@ -289,6 +297,14 @@ def build_environment(
         requirements=list(requirements or []),
         imports=third_party_imports(code),
     )
+
+
+def refuse_outside_state(code: str) -> None:
+    """Raises CatalogError (field ``code``, reason ``state_outside_instance``) naming each line that
+    keeps state outside the instance: a session rebuilt from its stored attributes would lose it."""
+    found = outside_state.findings(code)
+    if found:
+        raise CatalogError(outside_state.problem_text(found), field="code", reason=outside_state.REASON)
 
 
 def third_party_imports(code: str) -> list[str]:

@@ -274,7 +274,7 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         built = build_environment(env_id=data["env_id"], class_name=data["class_name"], code=data["code"],
                                   summary=data.get("summary", ""), introduction=data.get("introduction", ""),
                                   rules=data.get("rules", []), tool_overrides=data.get("tools"),
-                                  requirements=data.get("requirements"))
+                                  requirements=data.get("requirements"), check_state=False)
         return replace(built, registration=data.get("registration", ""))
     return Environment(
         env_id=data["env_id"],

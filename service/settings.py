@@ -194,8 +194,11 @@ class _Settings(BaseSettings):
 
     def limits(self) -> Limits:
         """The sandbox limits: those that are settings as set, the others derived from settings."""
+        given = {name: getattr(self, setting) for name, setting, *_ in limits.settings()}
+        if given["rebuild_every_call"]:
+            given["residents"] = 0  # (the worker keeps no instance between calls: none is asked of it)
         return Limits(
-            **{name: getattr(self, setting) for name, setting, *_ in limits.settings()},
+            **given,
             diff_bytes=self.max_record_bytes,
             # a live session never outlives its stored session's expiry
             resident_idle=min(limits.DEFAULTS.resident_idle, self.session_ttl),

@@ -1,4 +1,5 @@
-"""``envfoundry catalog validate``: load every package and replay every reference solution in the sandbox."""
+"""``envfoundry catalog validate``: load every package and replay every reference solution in the sandbox,
+as a session would run it and again with its instance rebuilt from the stored state before every call."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
-from service.catalog import Catalog, CatalogError
+from service import rebuilds
+from service.catalog import Catalog, CatalogError, Scenario
 from service.memory_store import MemoryStore
 from service.problems import ServiceError
 from service.registry import Registry, env_code
@@ -90,4 +92,19 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
             if not check["passed"]:
                 reason = f" ({check['error']})" if check["error"] else ""
                 report.problems.append(f"{where}: check not passed after the reference solution: {check['item']}{reason}")
+        await _compare_rebuilt(pool, catalog, scenario, where, report)
     return report
+
+
+async def _compare_rebuilt(pool: WorkerPool, catalog: Catalog, scenario: Scenario, where: str, report: Report) -> None:
+    """The reference solution again, live and with a rebuild before every call: a class whose results
+    differ keeps state outside its attributes, which a rebuilt session loses (``service.rebuilds``)."""
+    try:
+        problem, note = await rebuilds.divergence(pool, catalog.environments[scenario.env_id], scenario)
+    except SandboxError as exc:
+        report.problems.append(f"{where}: the rebuild check could not run: {exc.message}")
+        return
+    if problem is not None:
+        report.problems.append(f"{where}: {problem}")
+    if note is not None:
+        report.notes.append(f"{where}: {note}")

@@ -16,7 +16,7 @@ from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, ConfigError, Dropped
 from synthesis.prompts import render
 from synthesis.report import KEPT, StageReport
-from synthesis.sources import MethodSource, parse_class_code, parse_method
+from synthesis.sources import MethodSource, parse_class_code, parse_method, refuse_outside_state
 
 STAGE = "skeletons"
 
@@ -78,8 +78,15 @@ async def build_skeleton(ctx: Context, theme: dict[str, Any], source_task: str =
                        "parameters": [vars(a) for a in op.parameters]},
             all_operations=names,
         )  # fmt: skip
+        def parse(answer: str) -> MethodSource:
+            method = parse_method(answer, op.name)
+            # (written into the class, to be checked with the class attributes it uses)
+            code = assemble(state_code, plan.class_name, [method]).code
+            refuse_outside_state(code, plan.class_name, set(method.functions))
+            return method
+
         try:
-            return await ask(ctx.client, "generator", prompt, lambda answer: parse_method(answer, op.name), stage=STAGE)
+            return await ask(ctx.client, "generator", prompt, parse, stage=STAGE)
         except AnswerRejected as exc:
             return f"{op.name}: {exc.last}"  # one bad method costs that operation, not the environment
 

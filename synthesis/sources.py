@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from service import outside_state
 from synthesis.errors import ParseError
 from synthesis.parse import python_answer
 
@@ -40,7 +41,38 @@ def parse_class_code(answer: str, class_name: str, attributes: list[str]) -> str
     missing = [a for a in attributes if a not in assigned]
     if missing:
         raise ParseError(f"__init__ does not set self.{', self.'.join(missing)}")
+    found = outside_state.findings(source)
+    if found:
+        raise ParseError(f"{OUTSIDE}\n{outside_state.problem_text(found)}")
     return source
+
+
+# What a refusal of state kept outside the instance tells the model, before the lines at fault.
+OUTSIDE = ("a session's instance is stored as its attributes and rebuilt from them, so state kept anywhere else "
+           "is lost (module globals, class attributes, class-level containers changed through self, mutable "
+           "defaults, caches on methods); keep all state on self:")
+
+
+def refuse_outside_state(code: str, class_name: str, names: set[str]) -> None:
+    """Refuse what the functions ``names`` of ``class_name`` in ``code`` (a class with a method just written
+    into it) do to keep state outside the instance; the rest of the class was checked already.
+
+    Raises:
+        ParseError: naming each such construct, the method it is in, and the fix.
+    """
+    tree = ast.parse(code)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    spans = [(n.name, min([d.lineno for d in n.decorator_list] + [n.lineno]), n.end_lineno or n.lineno)
+             for n in (cls.body if cls else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name in names]
+    problems = []
+    for finding in outside_state.findings(code):
+        for name, start, end in spans:
+            if start <= finding.line <= end:
+                problems.append(f"in {name}, line {finding.line - start + 1}: `{finding.construct}` "
+                                f"{finding.problem}; {finding.fix}")
+    if problems:
+        raise ParseError(f"{OUTSIDE}\n" + "\n".join(problems[: outside_state.MAX_FINDINGS]))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from synthesis.context import Context
 from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, ParseError
 from synthesis.prompts import render, shown
-from synthesis.sources import MethodSource, parse_method
+from synthesis.sources import MethodSource, parse_method, refuse_outside_state
 from synthesis.tester import Probing
 
 
@@ -119,7 +119,13 @@ async def _candidate(ctx: Context, env: Environment, tool: str, failures: list[d
                     failures=shown(failures, 8000),
                     earlier="\n\nYour earlier rewrites did not fix it:\n" + "\n".join(earlier) if earlier else "")  # fmt: skip
     try:
-        method = await ask(ctx.client, "generator", prompt, lambda a: parse_method(a, tool), stage=stage)
+        def parse(answer: str) -> MethodSource:
+            method = parse_method(answer, tool)
+            code = replace_method(env.code, env.class_name, tool, method)
+            refuse_outside_state(code, env.class_name, set(method.functions))  # (sent back like a parse error)
+            return method
+
+        method = await ask(ctx.client, "generator", prompt, parse, stage=stage)
         candidate = rebuilt(env, tool, method)
     except AnswerRejected as exc:
         return None, f"no usable rewrite: {exc.last}"
