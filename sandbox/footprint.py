@@ -5,9 +5,13 @@ entries are looked at, whatever the size of the rest.
 The proof extends the read-only one (``sandbox.readonly``): besides what a read-only tool may
 do, such a tool may store into, delete from, or call a changing method (``append``,
 ``update``...) of an entry ``self.A[p]`` of an instance attribute, where ``p`` is one of its
-parameters (never rebound), directly or through a local bound only to a path below that entry.
+parameters (never rebound), directly or through a local bound only to a path below that entry
+(every binding of its name counts: a lambda parameter, a loop, comprehension or ``except``
+target of the same name makes it no alias). A loop or comprehension target is never a place
+in the state: ``for self.A[p] in ...`` leaves the tool unproven, as the read-only proof does.
 What it stores, and the arguments of those methods, must be *fresh*: constants, its parameters
-(each call gets a copy of its arguments), numbers and strings it computed, and containers of
+(each call gets a copy of its arguments), numbers and strings it computed (a number scaled by
+anything but a constant, ``n *= x``, may be a copy of a list: it is not one), and containers of
 those, so no object of the state ends up reached twice. The footprint is the set of
 ``(A, p)``; the caller finds each key from the call's arguments. Standard library only.
 """
@@ -18,7 +22,7 @@ import ast
 import inspect
 from typing import Any
 
-from sandbox.readonly import _MISSING, BUILTINS, CHANGING, _Body, _names
+from sandbox.readonly import _MISSING, BUILTINS, CHANGING, _Body, _bound
 
 # Builtins whose result holds nothing of their arguments.
 _IMMUTABLE = frozenset({"str", "int", "float", "bool", "len", "round", "abs", "repr", "format", "ord", "chr"})
@@ -35,30 +39,20 @@ class Confined(_Body):
         self.roots: dict[str, tuple[str, str]] = {}  # local -> the entry it is (a path below)
         self.footprint: set[tuple[str, str]] = set()
         self.removes: set[tuple[str, str]] = set()  # entries it may delete (and so move, re-added)
-        self.calls: set[int] = set()  # ids of the attribute nodes that are called
 
     def proven(self) -> bool:
-        self.calls = {id(node.func) for node in ast.walk(self.node) if isinstance(node, ast.Call)}
         self._find_roots()
         return super().proven() and bool(self.footprint)
 
     def _find_roots(self) -> None:
-        """Locals bound only to a path below one entry (``r = self.A[p]``, ``t = r["tags"]``)."""
+        """Locals bound only to a path below one entry (``r = self.A[p]``, ``t = r["tags"]``).
+
+        Every binding of the name counts (``readonly._bound``): a lambda parameter, a loop or
+        comprehension target, an ``except ... as`` of the same name is bound to something else."""
         for _ in range(3):  # aliases of aliases, a few levels deep
             bound: dict[str, set[tuple[str, str] | None]] = {}
-            for node in ast.walk(self.node):
-                targets: list[ast.AST] = []
-                value: ast.AST | None = None
-                if isinstance(node, ast.Assign):
-                    targets, value = list(node.targets), node.value
-                elif isinstance(node, ast.AnnAssign):
-                    targets, value = [node.target], node.value
-                elif isinstance(node, (ast.AugAssign, ast.For, ast.comprehension, ast.NamedExpr)):
-                    targets = [node.target]
-                for target in targets:
-                    for name in _names(target):  # type: ignore[arg-type]
-                        root = self._root(value) if isinstance(target, ast.Name) and value is not None else None
-                        bound.setdefault(name, set()).add(root)
+            for name, how in _bound(self.node):
+                bound.setdefault(name, set()).add(self._root(how) if isinstance(how, ast.expr) else None)
             self.roots = {name: next(iter(found)) for name, found in bound.items()  # type: ignore[misc]
                           if len(found) == 1 and None not in found}
 

@@ -7,15 +7,34 @@ The proof is deliberately narrow. On a watched state every object a tool can rea
 
 - it names nothing but ``self``, its parameters, its own locals and a fixed set of builtins (no
   module globals: one could hold a reference into the state, or be anything);
-- it assigns only to its locals; it stores into, or calls a changing method (``append``,
-  ``update``...) of, only locals it made itself (``[]``, ``{}``, ``dict(...)``, comprehensions),
-  and calls on anything else only methods that read (``get``, ``items``, ``lower``...);
-- it calls only those builtins, those methods, and methods of its class that are read-only too;
-- it reaches no dunder attribute, no property or other descriptor, no class attribute that is not
-  plain data; it has no decorator, ``global``, ``import``, ``with``, nested ``def`` or ``class``.
+- it uses ``self`` only as ``self.<name>``: ``self`` itself is never an operand, an argument, a
+  value or a format field (``str(self)``, ``self == x``, ``if self``, ``f"{self}"`` would run the
+  class's own ``__str__``, ``__eq__``, ``__bool__``... which nothing here proves);
+- every name it binds, however Python binds it (``=``, ``for``, comprehension and generator
+  targets, ``:=``, ``except ... as``, lambda parameters), is a plain local: a ``for`` or
+  comprehension target is never ``self.x`` or ``obj[k]`` (``for self.cursor in ...`` stores into
+  the state just as ``self.cursor = ...`` does), and no local shadows ``self``, a parameter or
+  one of those builtins;
+- it assigns only to its locals; it stores into, deletes from, or calls a changing method
+  (``append``, ``update``...) of, only locals it made itself (``[]``, ``{}``, ``dict(...)``,
+  comprehensions), and calls on anything else only methods that read (``get``, ``items``,
+  ``lower``...); augmented assignment only to those locals and to locals holding numbers or text;
+- it calls only those builtins, those methods, lambdas checked by the same rules, and methods of
+  its class that are read-only too (so no ``setattr``, ``vars``, ``exec``, ``getattr``,
+  ``type``, ``object``, ``operator``: none of them is a name it may use); a method of its class
+  only as ``self.m(...)``, never as a value (a bound method is ``self`` again: its ``repr`` is
+  the class's ``__repr__``);
+- it calls ``str.format`` only on a constant template whose fields name arguments: a field such
+  as ``{0.__self__.size}`` looks attributes up as it formats;
+- it reaches no dunder attribute (``__class__``, ``__dict__``, ``__setitem__``...), no property
+  or other descriptor, no class attribute that is not plain data; it has no decorator, ``global``,
+  ``nonlocal``, ``import``, ``with``, ``async for``, ``await``, ``yield``, ``match``, nested
+  ``def`` or ``class``.
 
-Anything else, or any doubt, means "not proven", and the call's state is looked at as usual.
-Standard library only.
+The proof is of one class: a call uses it only when the instance is of that very class (a tool
+can assign ``self.__class__``, after which other methods run) and while what it relied on is
+unchanged (``ReadOnly._unchanged``). Anything else, or any doubt, means "not proven", and the
+call's state is looked at as usual. Standard library only.
 """
 
 from __future__ import annotations
@@ -24,7 +43,9 @@ import ast
 import builtins
 import inspect
 import operator
+import string
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from sandbox.watch import CONTAINERS, LEAVES
@@ -57,6 +78,8 @@ _MADE = frozenset({"dict", "list", "set", "sorted"})
 GENUINE = {name: getattr(builtins, name) for name in BUILTINS if name not in ("True", "False", "None")}  # calls that return a new container
 _STATEMENTS = (ast.Expr, ast.Return, ast.If, ast.For, ast.While, ast.Break, ast.Continue, ast.Pass,
                ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Try, ast.Raise, ast.Assert, ast.Delete)
+# (``async for``, ``with``, ``global``, ``nonlocal``, ``import``, ``match``, nested definitions:
+# none of them is there, so a tool using one is not proven.)
 
 
 class ReadOnly:
@@ -98,14 +121,18 @@ class ReadOnly:
                        if found is _MISSING or isinstance(found, types.FunctionType) or _builtin_data(found)
                        else found for name, found in self.looked.items()}
 
-    def proven(self, name: str) -> bool:
-        return name in self.tools and self._unchanged()
+    def proven(self, name: str, kind: type | None = None) -> bool:
+        """Whether a call of tool ``name`` on an instance of class ``kind`` changes nothing (None:
+        of the class proven, for a caller that holds no instance)."""
+        return name in self.tools and self._holds(kind)
 
-    def footprint(self, name: str, arguments: dict[str, Any]) -> dict[str, set[str] | None] | None:
-        """The entries a call of tool ``name`` with ``arguments`` can change, when that is proven:
-        for each attribute, their keys, or None when one may be deleted (and so moved)."""
+    def footprint(self, name: str, arguments: dict[str, Any],
+                  kind: type | None = None) -> dict[str, set[str] | None] | None:
+        """The entries a call of tool ``name`` with ``arguments`` on an instance of class ``kind``
+        (as for ``proven``) can change, when that is proven: for each attribute, their keys, or
+        None when one may be deleted (and so moved)."""
         found = self.confined.get(name)
-        if found is None or not self._unchanged():
+        if found is None or not self._holds(kind):
             return None
         try:
             bound = inspect.signature(getattr(self.cls, name)).bind(None, **arguments)
@@ -124,6 +151,11 @@ class ReadOnly:
         for attribute, _ in removes:
             out[attribute] = None
         return out
+
+    def _holds(self, kind: type | None) -> bool:
+        # An instance whose ``__class__`` was assigned runs another class's methods: the proofs,
+        # of this class's methods, say nothing of them.
+        return (kind is None or kind is self.cls) and self._unchanged()
 
     def _unchanged(self) -> bool:
         """Whether the class, its methods' code, the module and the builtins still hold what the
@@ -238,8 +270,10 @@ class _Body:
         self.made: set[str] = set()  # locals bound only to containers the tool made
         self.numbers: set[str] = set()  # locals bound only to numbers and strings
         self.local: set[str] = set()
+        self.calls: set[int] = set()  # ids of the nodes that are called (``f`` of ``f(...)``)
 
     def proven(self) -> bool:
+        self.calls = {id(node.func) for node in ast.walk(self.node) if isinstance(node, ast.Call)}
         args = self.node.args
         if self.node.decorator_list or not args.args or args.args[0].arg != "self":
             return False
@@ -252,34 +286,15 @@ class _Body:
     def _bindings(self) -> bool:
         """Sort the locals by what they are bound to; False when one shadows a builtin or ``self``."""
         kinds: dict[str, set[str]] = {}
-
-        def bind(name: str, kind: str) -> None:
-            kinds.setdefault(name, set()).add(kind)
-
-        for node in ast.walk(self.node):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                kind = _value_kind(node.value)
-                for target in targets:
-                    for name in _names(target):
-                        bind(name, kind if isinstance(target, ast.Name) else "other")
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                bind(node.target.id, "augmented")
-            elif isinstance(node, (ast.For, ast.comprehension)):
-                for name in _names(node.target):
-                    bind(name, "other")
-            elif isinstance(node, ast.NamedExpr):
-                bind(node.target.id, "other")
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                bind(node.name, "other")
-            elif isinstance(node, ast.Lambda):
-                for name in _parameters(node.args):
-                    bind(name, "other")
+        for name, how in _bound(self.node):
+            kinds.setdefault(name, set()).add(_binding_kind(how))
         for name, found in kinds.items():
             if name in BUILTINS or name == "self" or name in self.params:
                 return False
             self.local.add(name)
-            if found <= {"made", "augmented"} and "made" in found:
+            # (``made *= n`` keeps the list it made; ``n *= x``, with a number ``n``, is a copy of
+            # ``x`` when ``x`` is a list: no longer a number)
+            if found <= {"made", "augmented", "scaled"} and "made" in found:
                 self.made.add(name)
             elif found <= {"number", "augmented"} and "number" in found:
                 self.numbers.add(name)
@@ -299,8 +314,9 @@ class _Body:
         if isinstance(node, ast.Delete):
             return all(isinstance(target, ast.Name) or self._store_into_made(target) for target in node.targets)
         if isinstance(node, ast.For):
-            return all(isinstance(name, ast.Name) for name in _name_nodes(node.target)) and \
-                self._children(node, skip=[node.target])
+            # ``for self.x in ...`` and ``for self.d[k] in ...`` store into the state: the target
+            # is checked as an assignment's is.
+            return self._target(node.target) and self._children(node, skip=[node.target])
         return self._children(node)
 
     def _children(self, node: ast.AST, skip: list[ast.AST] | None = None) -> bool:
@@ -335,17 +351,23 @@ class _Body:
             and target.value.id in self.made and self._expression(target.slice)
 
     def _expression(self, node: ast.expr) -> bool:
+        owned = {id(child.value) for child in ast.walk(node) if isinstance(child, ast.Attribute)}
         for child in ast.walk(node):
             if isinstance(child, (ast.Yield, ast.YieldFrom, ast.Await)):
                 return False
+            # Within an expression only comprehension targets and ``:=`` bind, and they must
+            # bind locals: a store into ``self.x`` or ``obj[k]`` there changes what it names.
+            if isinstance(child, (ast.Attribute, ast.Subscript)) and not isinstance(child.ctx, ast.Load):
+                return False
             if isinstance(child, ast.Name) and not self._name(child):
                 return False
+            if isinstance(child, ast.Name) and child.id == "self" and id(child) not in owned:
+                return False  # ``self`` itself, whose class's dunders would run
             if isinstance(child, ast.Attribute) and not self._attribute(child):
                 return False
             if isinstance(child, ast.Call) and not self._call(child):
                 return False
-            if isinstance(child, ast.comprehension) and not all(
-                    isinstance(name, ast.Name) for name in _name_nodes(child.target)):
+            if isinstance(child, ast.comprehension) and not _plain_target(child.target):
                 return False
             if isinstance(child, ast.Lambda) and (child.args.defaults or child.args.kw_defaults):
                 return False
@@ -364,9 +386,15 @@ class _Body:
             return False
         if isinstance(node.value, ast.Name) and node.value.id == "self":
             plain = self.proof.plain_attribute(name)
-            return self.proof.method(name) if plain is None else plain
+            if plain is not None:
+                return plain
+            # A method only called: a bound method is ``self`` again (its ``repr`` runs the
+            # class's ``__repr__``, its ``__self__`` is a format field away).
+            return id(node) in self.calls and self.proof.method(name)
         if name in CHANGING:
             return isinstance(node.value, ast.Name) and node.value.id in self.made
+        if name == "format":
+            return _plain_template(node.value)
         return name in READING
 
     def _call(self, node: ast.Call) -> bool:
@@ -385,6 +413,81 @@ def _parameters(args: ast.arguments) -> set[str]:
     return names
 
 
+def _bound(function: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """Every name bound inside ``function`` (its own parameters aside), however Python binds it,
+    each with how: for ``name = value`` that value (an expression), else the binding node."""
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                value = node.value if isinstance(target, ast.Name) else None
+                for name in _names(target):
+                    yield name, node if value is None else value
+        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.comprehension, ast.NamedExpr)):
+            for name in _names(node.target):
+                yield name, node
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                for name in _names(item.optional_vars) if item.optional_vars is not None else []:
+                    yield name, node
+        elif isinstance(node, ast.Lambda):
+            for name in _parameters(node.args):
+                yield name, node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not function:
+            yield node.name, node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield (alias.asname or alias.name).split(".")[0], node
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                yield name, node
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            yield node.name, node
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            yield node.rest, node
+
+
+def _binding_kind(how: ast.AST) -> str:
+    if isinstance(how, ast.expr):
+        return _value_kind(how)
+    if isinstance(how, ast.AugAssign) and isinstance(how.target, ast.Name):
+        number = isinstance(how.value, ast.Constant) and type(how.value.value) in (int, float)
+        return "scaled" if isinstance(how.op, ast.Mult) and not number else "augmented"
+    return "other"
+
+
+def _plain_template(node: ast.expr) -> bool:
+    """Whether ``node`` is a constant ``str.format`` template whose fields only name arguments:
+    a field such as ``{0.__self__.size}`` or ``{0[k]}`` looks up attributes or items of its
+    argument as it formats it (a template from the caller could reach anything)."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    try:
+        return _plain_fields(node.value)
+    except ValueError:
+        return False  # (not a template ``format`` accepts)
+
+
+def _plain_fields(template: str) -> bool:
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not (field == "" or field.isdigit() or field.isidentifier()):
+            return False
+        if spec and not _plain_fields(spec):  # (a spec may hold fields too: ``{0:{1}}``)
+            return False
+    return True
+
+
+def _plain_target(target: ast.expr) -> bool:
+    """Whether a target binds locals only: names, and tuples, lists and starred of them."""
+    if isinstance(target, ast.Name):
+        return True
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return all(_plain_target(item) for item in target.elts)
+    return isinstance(target, ast.Starred) and _plain_target(target.value)
+
+
 def _value_kind(value: ast.expr | None) -> str:
     if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)):
         return "made"
@@ -397,16 +500,12 @@ def _value_kind(value: ast.expr | None) -> str:
 
 
 def _names(target: ast.expr) -> list[str]:
-    return [node.id for node in _name_nodes(target)]
-
-
-def _name_nodes(target: ast.expr) -> list[ast.Name]:
+    """The locals a target binds (a store into ``x.a`` or ``x[k]`` binds none: whether such a
+    target is allowed is the caller's to check)."""
     if isinstance(target, ast.Name):
-        return [target]
+        return [target.id]
     if isinstance(target, (ast.Tuple, ast.List)):
-        return [name for item in target.elts for name in _name_nodes(item)]
+        return [name for item in target.elts for name in _names(item)]
     if isinstance(target, ast.Starred):
-        return _name_nodes(target.value)
-    if isinstance(target, (ast.Subscript, ast.Attribute)):
-        return []
+        return _names(target.value)
     return []

@@ -211,7 +211,10 @@ class LiveSession:
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         watched = self.parts is not None and self.parts.watched
-        reads = watched and self.readonly is not None and self.readonly.proven(request["name"])
+        # The proofs are of ``self.cls``'s methods: an instance whose ``__class__`` a tool assigned
+        # runs another class's, and no tool is proven for it.
+        kind = type(self.instance)
+        reads = watched and self.readonly is not None and self.readonly.proven(request["name"], kind)
         result_view = self._run(request)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
         if reads:  # a watched state holds builtin values only, which such a tool can but read
@@ -221,7 +224,7 @@ class LiveSession:
         if watched and self.parts is not None:
             before = self.parts.parts
             footprint = None if self.readonly is None else \
-                self.readonly.footprint(request["name"], request.get("arguments") or {})
+                self.readonly.footprint(request["name"], request.get("arguments") or {}, kind)
             try:
                 seen = self.parts.watch(state, footprint)
             except Unwatched:

@@ -1,0 +1,121 @@
+"""A served session shows what the class gives run plainly in one process, for tools whose writes
+the read-only and confined proofs once missed: a loop or comprehension whose target is ``self.x``
+or ``self.d[k]``, and a tool that reads on the class proven but runs on a class that
+``self.__class__ = ...`` put in its place."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from sandbox.pool import EnvCode, WorkerPool
+from sandbox.resident import instantiate, public_state
+from tests.sandbox.test_residents import Stored
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = '''
+class Queue:
+    def __init__(self, config=None):
+        self.queue = ["a", "b", "c", "d"]
+        self.cursor = 0
+        self.seen = {"last": ""}
+        self.scores = [3, 9, 4]
+        self.best = 0
+
+    def advance(self):
+        for self.cursor in range(self.cursor + 1, len(self.queue)):
+            break
+        return self.queue[self.cursor]
+
+    def mark(self, key="x"):
+        for self.seen["last"] in [key]:
+            pass
+        return key
+
+    def top(self):
+        return max([self.best for self.best in self.scores])
+
+    def current(self):
+        return self.queue[self.cursor]
+'''
+
+BANK = '''
+class FrozenAccount:
+    def balance_of(self):
+        self.reads += 1
+        return self.balance
+
+    def withdraw(self, amount=1):
+        return "account frozen"
+
+
+class Account:
+    def __init__(self, config=None):
+        self.balance = 10
+        self.reads = 0
+
+    def freeze(self):
+        self.__class__ = FrozenAccount
+        return "frozen"
+
+    def balance_of(self):
+        return self.balance
+
+    def withdraw(self, amount=1):
+        self.balance -= amount
+        return self.balance
+'''
+
+
+class Plain:
+    """The same class run plainly in this process: the reference a session must match."""
+
+    def __init__(self, code: str, class_name: str) -> None:
+        self.module = types.ModuleType(f"plain_{class_name.lower()}")
+        sys.modules[self.module.__name__] = self.module
+        exec(compile(code, f"<plain {class_name}>", "exec"), self.module.__dict__)
+        self.instance = instantiate(getattr(self.module, class_name), {})
+
+    def call(self, name: str, **arguments: Any) -> Any:
+        return getattr(self.instance, name)(**arguments)
+
+    def state(self) -> dict[str, Any]:
+        return public_state(self.instance)
+
+
+async def _calls(pool: WorkerPool, env: EnvCode, plain: Plain, stored: Stored, session: str,
+                 calls: list[tuple[str, dict[str, Any]]]) -> None:
+    for name, arguments in calls:
+        out = await stored.call(pool, session, name, **arguments)
+        assert out.ok, out.error
+        assert out.result == plain.call(name, **arguments), name
+        assert json.loads(stored.state) == plain.state(), f"the state after {name}"
+
+
+@pytest.mark.parametrize("tool", ["advance", "mark", "top"])
+async def test_a_store_through_a_loop_or_comprehension_target_is_kept_and_survives_a_rebuild(
+        pool_factory: Any, tool: str) -> None:
+    env = EnvCode("proof-queue", "proof_queue", "Queue", QUEUE)
+    plain = Plain(QUEUE, "Queue")
+    async with pool_factory(size=1) as pool:
+        stored = Stored(await pool.init_state(env, {}, "s1"))
+        await _calls(pool, env, plain, stored, "s1", [(tool, {"key": "k"} if tool == "mark" else {})])
+        # Rebuilt from what is stored (another worker, or this one after a restart): the next call
+        # answers as the instance that made the state would.
+        rebuilt = await pool.call(env, stored.state, "advance", {})
+        assert rebuilt.ok and rebuilt.result == plain.call("advance")
+
+
+async def test_a_tool_on_an_instance_given_another_class_is_not_taken_for_read_only(pool_factory: Any) -> None:
+    env = EnvCode("proof-bank", "proof_bank", "Account", BANK)
+    plain = Plain(BANK, "Account")
+    async with pool_factory(size=1) as pool:
+        stored = Stored(await pool.init_state(env, {}, "s1"))
+        await _calls(pool, env, plain, stored, "s1",
+                     [("balance_of", {}), ("freeze", {}), ("balance_of", {}), ("withdraw", {}), ("balance_of", {})])
+        assert plain.state() == {"balance": 10, "reads": 2}
