@@ -213,8 +213,18 @@ class LiveSession:
         """Bring the parts to what the instance now holds (a function of its own: no variable of
         it may hold an object of the state when the watch counts holders)."""
         assert self.parts is not None
-        self.parts.watch(self._state())
+        state = self._state()
+        self._join_hidden(state)
+        self.parts.watch(state)
         self._text, self.print, self.shown = None, None, None
+
+    def _join_hidden(self, state: dict[str, Any]) -> None:
+        """The session's first draw: its randomness joins the watched parts, as an empty string
+        last (where a delta adds it), so that the watch still finds what the call changed."""
+        assert self.parts is not None
+        parts = self.parts.parts
+        if self.parts.watched and HIDDEN in state and HIDDEN not in parts and list(state)[:-1] == list(parts):
+            self.parts.parts = {**parts, HIDDEN: self.parts.part(HIDDEN, "")}
 
     def _adopt(self, request: dict[str, Any], text: str) -> None:
         factory: Any = self.cls  # restore without __init__: the state is already built
@@ -247,6 +257,7 @@ class LiveSession:
         limit = _limit(request, "max_state_bytes", DEFAULTS.state_bytes)
         if watched and self.parts is not None:
             before = self.parts.parts
+            self._join_hidden(state)
             footprint = None if self.readonly is None or drew else \
                 self.readonly.footprint(request["name"], request.get("arguments") or {})
             try:
