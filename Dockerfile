@@ -12,7 +12,7 @@ COPY sandbox/__init__.py sandbox/worker.py sandbox/runtime.py sandbox/envhost.py
      sandbox/contain.py sandbox/seccomp.py sandbox/codec.py sandbox/view.py sandbox/stateformat.py \
      sandbox/protocol.py sandbox/resident.py sandbox/parts.py sandbox/deltas.py sandbox/memory.py sandbox/landlock.py \
      sandbox/watch.py sandbox/readonly.py sandbox/footprint.py sandbox/answers.py \
-     sandbox/limits.py sandbox/scratch.py /opt/envfoundry/sandbox/
+     sandbox/limits.py sandbox/scratch.py sandbox/randomness.py /opt/envfoundry/sandbox/
 RUN python3 -m compileall -q /opt/envfoundry/sandbox
 USER 65534:65534
 WORKDIR /tmp

@@ -48,7 +48,7 @@ STDOUT = 1
 RUNTIME_FILES = ("__init__.py", "worker.py", "runtime.py", "envhost.py", "forks.py", "channel.py", "contain.py",
                  "seccomp.py", "codec.py", "view.py", "stateformat.py", "protocol.py", "resident.py",
                  "parts.py", "deltas.py", "memory.py", "landlock.py", "watch.py",
-                 "readonly.py", "footprint.py", "answers.py", "limits.py", "scratch.py")
+                 "readonly.py", "footprint.py", "answers.py", "limits.py", "scratch.py", "randomness.py")
 RUNTIME_LABEL = "envfoundry.runtime"
 
 

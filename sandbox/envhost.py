@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import channel, codec, seccomp
+from sandbox import channel, codec, randomness, seccomp
 from sandbox.answers import error
 from sandbox.contain import die_with_parent
 from sandbox.forks import (
@@ -236,6 +236,9 @@ class EnvHost:
             except BaseException as exc:
                 channel.send(sock, {"error": error(TOOL_EXCEPTION, describe(exc))})
                 return
+            if live.drew:  # each session must draw for itself: it builds its own instance
+                channel.send(sock, {"ok": True, "digest": live.digest, "draws": True})
+                return
             channel.send(sock, {"ok": True, "digest": live.digest})
             gc.freeze()
             EnvHost(self.module, self.cls, self.limits, prebuilt=live, readonly=self.readonly).serve(sock)
@@ -269,6 +272,9 @@ def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, A
     resolve = resolver(module)
     final = codec.decode(json.loads(request["state"]), resolve)
     initial = codec.decode(json.loads(request["initial"]), resolve)
+    for state in (final, initial):  # a session's stored randomness is the sandbox's, not a check's
+        if isinstance(state, dict):
+            state.pop(randomness.HIDDEN, None)
     namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": f"check_{index}", "initial_state": initial}
     filename = f"<check {index}>"
     try:
@@ -303,6 +309,7 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
     - ``{"op": "stop", "pid"}`` -> ``{"ok"}`` once that host and everything it started are gone
     - ``{"op": "validate", ...}`` -> the validation's answer
     """
+    randomness.install()  # before any environment code: hosts and their forks inherit it
     while True:
         message = channel.receive(sock, time.monotonic() + 10 * 365 * 86400)
         if message is None:

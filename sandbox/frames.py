@@ -61,6 +61,8 @@ class Init(Limited, total=False):
     next_version: int
     deltas: bool  # the state is the session's base: its calls answer what they changed
     lend: bool  # the service would call the kept process straight
+    random: str  # the tag of the session's randomness (see ``sandbox.randomness``)
+    seed: int  # the session's seed: every draw reproducible
 
 
 class Call(Limited, total=False):
@@ -78,6 +80,8 @@ class Call(Limited, total=False):
     version: int
     next_version: int
     lend: bool
+    random: str  # as in ``Init``: for a rebuild, which stored randomness is the session's
+    seed: int
 
 
 class Score(Request, total=False):

@@ -244,6 +244,11 @@ class Parts:
     def text(self) -> str:
         return _joined(self.parts)
 
+    def part(self, key: str, value: str) -> Part:
+        """A top-level part holding the string ``value`` (for a part to join the others, see
+        ``LiveSession._join_hidden``)."""
+        return self._part(key, value, value, 1)
+
     def size(self) -> int:
         """The UTF-8 size of ``text()``, from the parts' sizes."""
         return 2 + sum(part.size for part in self.parts.values()) + max(0, len(self.parts) - 1)

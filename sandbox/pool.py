@@ -594,18 +594,20 @@ class WorkerPool:
         return {"kind": "sandbox_error", "message": "the validation sent an answer of the wrong shape"}
 
     async def init_state(self, env: EnvCode, init_config: dict[str, Any], session: str | None = None,
-                         template: str | None = None, *, deltas: bool = False) -> str:
+                         template: str | None = None, *, deltas: bool = False, stream: str | None = None,
+                         seed: int | None = None) -> str:
         """The encoded initial state; with ``session``, the worker keeps the instance live for its calls.
 
         With ``template`` (a key the caller makes for one initial state: same environment code,
         same ``init_config``, same tenant), each worker builds that instance once and starts later
         sessions as forks of it, and the encoded state it made is kept here by its digest, so a
         session made from it costs neither building nor encoding the state, whatever its size.
+        ``stream`` and ``seed``: the session's randomness (see ``sandbox.randomness``).
         """
         if self.limits.rebuild_every_call:  # nothing kept live, nothing forked from a template
             session = template = None
         message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
-                   "max_state_bytes": self.limits.state_bytes}
+                   "max_state_bytes": self.limits.state_bytes, **_randomness(stream, seed)}
         cached = self._initial.get(template) if template is not None else None
         if template is not None:
             message["template"] = template
@@ -645,14 +647,15 @@ class WorkerPool:
 
     async def session_call(self, env: EnvCode, session: str, step: int,
                            load_state: Callable[[], Awaitable[str | Stored]], name: str, arguments: dict[str, Any],
-                           *, deltas: bool = False) -> CallOutcome:
+                           *, deltas: bool = False, stream: str | None = None, seed: int | None = None) -> CallOutcome:
         """A call on ``session`` at ``step``: straight to its process when this service holds it at
         that step (see ``sandbox.lane``), else on the worker holding it live at that step if there
         is one (the state is then never read), else with the stored state from ``load_state``. The
         caller must ``forget`` the session if the step the call makes is not committed. With
         ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
-        carry the ``delta`` instead of the state."""
-        message = self._call_message(env, name, arguments, deltas)
+        carry the ``delta`` instead of the state. ``stream`` and ``seed``: the session's randomness,
+        for a rebuild (see ``sandbox.randomness``)."""
+        message = self._call_message(env, name, arguments, deltas, stream, seed)
         if self.limits.rebuild_every_call:
             return await self._rebuilt_call(message, env, await load_state())
         home = self._homes.get(session)
@@ -668,7 +671,7 @@ class WorkerPool:
         outcome = await self._call(env, message, state, (session, step, home[0] if home else None))
         if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
             state = await load_state()
-            outcome = await self._call(env, self._call_message(env, name, arguments, deltas), state,
+            outcome = await self._call(env, self._call_message(env, name, arguments, deltas, stream, seed), state,
                                        (session, step, None))
         if state is None:
             self.live_calls += 1
@@ -685,9 +688,10 @@ class WorkerPool:
         self.rebuilt_calls += 1
         return outcome
 
-    def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool) -> frames.Call:
+    def _call_message(self, env: EnvCode, name: str, arguments: dict[str, Any], deltas: bool,
+                      stream: str | None = None, seed: int | None = None) -> frames.Call:
         message: frames.Call = {"op": "call", "env": env.key, "name": name, "arguments": arguments,
-                                **self.limits.call_fields()}  # type: ignore[typeddict-item]
+                                **self.limits.call_fields(), **_randomness(stream, seed)}  # type: ignore[typeddict-item]
         if deltas:
             message["deltas"] = True
         return message
@@ -813,6 +817,16 @@ class WorkerPool:
                     r.get("error"), str)) for r in results)):
             raise RequestFailed("sandbox_error", "scoring sent an answer of the wrong shape")
         return [{"passed": r["passed"], "error": r.get("error")} for r in results]
+
+
+def _randomness(stream: str | None, seed: int | None) -> dict[str, Any]:
+    """The request fields naming a session's randomness (``frames.Init``)."""
+    fields: dict[str, Any] = {}
+    if stream is not None:
+        fields["random"] = stream
+    if seed is not None:
+        fields["seed"] = seed
+    return fields
 
 
 def _failure(reported: Any) -> RequestFailed:

@@ -22,11 +22,12 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import answers, codec, view
-from sandbox.deltas import Delta, DeltaError, apply
+from sandbox import answers, codec, randomness, view
+from sandbox.deltas import Delta, DeltaError, apply, field
 from sandbox.forks import INVALID_ARGUMENTS, RESOURCE_LIMIT, TOOL_EXCEPTION, UNKNOWN_TOOL, Failure, Interrupt, describe
 from sandbox.limits import DEFAULTS
 from sandbox.parts import Parts, Unwatched, blob, shares
+from sandbox.randomness import HIDDEN, Stream
 from sandbox.readonly import ReadOnly
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
@@ -36,6 +37,8 @@ NO_DIFF: dict[str, list[Any]] = {"added": [], "removed": [], "changed": []}
 # then the call answers the whole state, which the service stores as the session's new base.
 COMPACT_SHARE = 0.25
 COMPACT_FLOOR = 16 * 1024
+# The delta field of the session's stored randomness (see ``sandbox.randomness``).
+HIDDEN_FIELD = field(HIDDEN)
 
 
 def public_state(instance: Any) -> dict[str, Any]:
@@ -103,6 +106,10 @@ class LiveSession:
         # delta, and the size of the base it is against. None: the service stores whole states.
         self.delta: Delta | None = None
         self.base_size = 0
+        # Its randomness, and what the stored state holds of it (see ``sandbox.randomness``).
+        self.stream = Stream()
+        self.hidden: str | None = None
+        self.drew = False  # (a template) its ``__init__`` drew randomness: sessions must not share it
 
     @property
     def text(self) -> str:
@@ -124,13 +131,16 @@ class LiveSession:
         Raises:
             Failure: the environment failed to initialise, or its state cannot be stored.
         """
+        before = randomness.draws()
         self._init(request)
+        self.drew = randomness.draws() != before or self.hidden is not None
         self.digest = hashlib.sha256(self.text.encode()).hexdigest()
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Answer ``request`` (``init``, or ``call`` with ``state`` when the instance must be rebuilt)."""
         if request.get("op") == "init" and self.digest:  # built ahead: the service may know the text
             known = request.get("known") == self.digest
+            self.stream.begin(request)  # (its ``__init__`` drew nothing, see ``prepare``)
             self._based(request, None)
             return {"state": None if known else self.text, "digest": self.digest}, True
         if request.get("op") == "init":
@@ -139,10 +149,10 @@ class LiveSession:
             return answer, True
         if "state" in request:
             if not self._from_template(request):
-                self._adopt(request["state"])
+                self._adopt(request, request["state"])
             self._based(request, request.get("delta"))
         try:
-            return self._call(request), True
+            return _without_hidden(self._call(request)), True
         except Failure as exc:
             return {"error": {"type": exc.kind, "message": exc.message}}, exc.kind in UNTOUCHED
 
@@ -154,15 +164,25 @@ class LiveSession:
         self.base_size = len(self.text)
 
     def _init(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.stream.begin(request)  # seeded (or not) before ``__init__``, as the request asks
         try:
             self.instance = instantiate(self.cls, request.get("init_config") or {})
         except Interrupt:
             raise
         except BaseException as exc:
             raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
-        state = public_state(self.instance)
+        state = self._state()
         self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", DEFAULTS.state_bytes)), state)
         return {"state": self.text}
+
+    def _state(self) -> dict[str, Any]:
+        """What is stored of the session: the instance's attributes and, once it has drawn, its
+        randomness (last: it is new after the attributes, and a tree's parts keep their order)."""
+        state = public_state(self.instance)
+        self.hidden = self.stream.current()
+        if self.hidden is not None:
+            state[HIDDEN] = self.hidden
+        return state
 
     def _from_template(self, request: dict[str, Any]) -> bool:
         """Become the stored state from the template's instance this process was forked from, by
@@ -181,7 +201,9 @@ class LiveSession:
             return codec.decode(json.loads(part), resolver(module))
 
         try:
-            apply(vars(self.instance), fields, decode)
+            stored = _hidden_field(fields.get(HIDDEN_FIELD))
+            self.stream.begin(request, stored)
+            apply(vars(self.instance), {k: v for k, v in fields.items() if k != HIDDEN_FIELD}, decode)
             self._sync()
         except (DeltaError, Unwatched, codec.CodecError, ValueError, TypeError, KeyError, RecursionError):
             return False
@@ -191,14 +213,27 @@ class LiveSession:
         """Bring the parts to what the instance now holds (a function of its own: no variable of
         it may hold an object of the state when the watch counts holders)."""
         assert self.parts is not None
-        self.parts.watch(public_state(self.instance))
+        state = self._state()
+        self._join_hidden(state)
+        self.parts.watch(state)
         self._text, self.print, self.shown = None, None, None
 
-    def _adopt(self, text: str) -> None:
+    def _join_hidden(self, state: dict[str, Any]) -> None:
+        """The session's first draw: its randomness joins the watched parts, as an empty string
+        last (where a delta adds it), so that the watch still finds what the call changed."""
+        assert self.parts is not None
+        parts = self.parts.parts
+        if self.parts.watched and HIDDEN in state and HIDDEN not in parts and list(state)[:-1] == list(parts):
+            self.parts.parts = {**parts, HIDDEN: self.parts.part(HIDDEN, "")}
+
+    def _adopt(self, request: dict[str, Any], text: str) -> None:
         factory: Any = self.cls  # restore without __init__: the state is already built
         self.instance = factory.__new__(factory)
-        self.instance.__dict__.update(codec.decode(json.loads(text), resolver(self.module)))
-        self._remember(text, public_state(self.instance))
+        state = codec.decode(json.loads(text), resolver(self.module))
+        self.stream.begin(request, state.get(HIDDEN))
+        self.hidden = self.stream.value
+        self.instance.__dict__.update((k, v) for k, v in state.items() if k != HIDDEN)
+        self._remember(text, state)  # (in the text's order, its randomness where the text has it)
 
     def _remember(self, text: str, state: dict[str, Any]) -> None:
         self.text, self.shown = text, None
@@ -217,13 +252,16 @@ class LiveSession:
         reads = watched and self.readonly is not None and self.readonly.proven(request["name"], kind)
         result_view = self._run(request)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
-        if reads:  # a watched state holds builtin values only, which such a tool can but read
+        # A tool that drew randomness changed what is stored, whatever it did to the attributes.
+        drew = self.stream.current() != self.hidden
+        if reads and not drew:  # a watched state holds builtin values only, which such a tool can but read
             return unchanged
-        state = public_state(self.instance)
+        state = self._state()
         limit = _limit(request, "max_state_bytes", DEFAULTS.state_bytes)
         if watched and self.parts is not None:
             before = self.parts.parts
-            footprint = None if self.readonly is None else \
+            self._join_hidden(state)
+            footprint = None if self.readonly is None or drew else \
                 self.readonly.footprint(request["name"], request.get("arguments") or {}, kind)
             try:
                 seen = self.parts.watch(state, footprint)
@@ -325,6 +363,32 @@ class LiveSession:
             return {**answer, "state": None, "delta": changes}
         self.delta, self.base_size = Delta(), len(self.text)
         return {**answer, "rebase": True}
+
+
+def _hidden_field(value: Any) -> str | None:
+    """The stored randomness a delta field's value holds (see ``sandbox.deltas``), or None."""
+    if type(value) is not str or not value or value[0] == "-":
+        return None
+    text = value[1:] if value[0] == "=" else value[1:].partition(":")[2]
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        return None
+    return stored if type(stored) is str else None
+
+
+def _without_hidden(answer: dict[str, Any]) -> dict[str, Any]:
+    """A call's answer with its diff saying nothing of the stored randomness, which no view shows."""
+    diff = answer.get("diff")
+    if isinstance(diff, dict):
+        answer["diff"] = {kind: [entry for entry in entries if not _of_hidden(entry)]
+                          if kind in ("added", "removed", "changed") else entries for kind, entries in diff.items()}
+    return answer
+
+
+def _of_hidden(entry: Any) -> bool:
+    path = str(entry.get("path", "")) if isinstance(entry, dict) else ""
+    return path == f"/{HIDDEN}" or path.startswith(f"/{HIDDEN}/")
 
 
 def _limit(request: dict[str, Any], name: str, default: int) -> int:

@@ -86,6 +86,9 @@ MAX_TEMPLATES = 8
 # that template, with its delta applied, when the worker holds the template; it builds the
 # template first only for a state at least this large (decoding a small one is quicker).
 TEMPLATE_REBUILD_BYTES = 256 * 1024
+# Template keys whose ``__init__`` drew randomness, remembered so that none is built again: each
+# session of one builds its own instance (sessions of one template would share its draws).
+MAX_DRAWING = 4096
 NEED_STATE = "need_state"
 
 
@@ -114,6 +117,7 @@ class Host:
     parent: Host | None = None
     pidfd: int = -1
     env: str = ""
+    drew: bool = False  # a template whose ``__init__`` drew randomness (it serves no session)
 
 
 @dataclass
@@ -154,6 +158,7 @@ class Runtime:
         self.tmp_mode = stat.S_IMODE(os.stat("/tmp").st_mode) if private_tmp else 0o1777
         self.hosts: dict[str, Host] = {}
         self.templates: dict[str, Host] = {}  # by environment and template key, least recently used first
+        self.drawing: dict[str, None] = {}  # template keys never to build (see ``MAX_DRAWING``), oldest first
         self.sources: dict[str, dict[str, Any]] = {}
         self.unhealthy = False
         self.running: str | None = None  # the environment whose processes may run right now
@@ -620,6 +625,8 @@ class Runtime:
         if type(name) is not str or not name:
             return None
         key = f"{request['env']}:{name}"
+        if key in self.drawing:
+            return None
         template = self.templates.pop(key, None)
         if template is not None and template.sock.fileno() >= 0:
             template.used = time.monotonic()
@@ -630,6 +637,12 @@ class Runtime:
         while len(self.templates) >= MAX_TEMPLATES:
             self._end_template(next(iter(self.templates)))
         template = self._build_template(host, request)
+        if template is not None and template.drew:
+            self._end_template_process(template, wait=True)
+            self.drawing[key] = None
+            while len(self.drawing) > MAX_DRAWING:
+                del self.drawing[next(iter(self.drawing))]
+            return None
         if template is not None:
             self.templates[key] = template
         return template
@@ -659,6 +672,7 @@ class Runtime:
             built = channel.receive(template.sock, time.monotonic() + timeout + HOST_GUARD, HOST_MESSAGE_BYTES)
             if built is None or built.get("ok") is not True:
                 raise OSError("the scenario's instance could not be built ahead")
+            template.drew = built.get("draws") is True
         except OSError:
             if template is not None:
                 self._end_template_process(template)

@@ -276,7 +276,7 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
 
     async def run() -> dict[str, Any]:
         return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
-                                            tenant=who.tenant))
+                                                tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds))
 
     return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
 
@@ -363,11 +363,14 @@ async def fork_session(session_id: str, request: Request, response: Response,
                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> Any:
     n = _group_size(body.n if body else 1, request)
     step = body.step if body else None
+    seed, group_seeds = (body.seed, body.group_seeds) if body else (None, "derived")
 
     async def run() -> dict[str, Any]:
-        return created_body(await engine.fork(session_id, n=n, step=step, tenant=who.tenant))
+        return created_body(await engine.fork(session_id, n=n, step=step, tenant=who.tenant, seed=seed,
+                                              group_seeds=group_seeds))
 
-    asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {})}
+    asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {}),
+             **({"seed": seed, "group_seeds": group_seeds} if seed is not None else {})}
     return await _once(request, response, key, "fork", asked, run, who.tenant)
 
 

@@ -53,6 +53,7 @@ from service.scenario_index import (
     encode_cursor,
     scenario_query,
 )
+from service.schemas import MAX_SEED
 from service.sessions import Applied, Sessions
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"
@@ -169,7 +170,7 @@ async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -
     if "scenario_id" in args and "init_config" in args:
         raise InvalidRequest("init_config goes with env_id; a scenario brings its own", field="init_config")
     return created_view(await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"),
-                                            mode=args.get("mode", "task"), tenant=tenant))
+                                            mode=args.get("mode", "task"), tenant=tenant, seed=args.get("seed")))
 
 
 async def _call(engine: Sessions, args: dict[str, Any], tenant: str) -> Applied:
@@ -206,9 +207,11 @@ SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
     "create_session": (
         "Start a session from a scenario (scenario_id) or from an environment (env_id, optional init_config). "
         "Answers the session id, the task, the rules and the tools (OpenAI function schemas). With mode "
-        "'conversation' a simulated user holds the task: talk to it with send_message.",
+        "'conversation' a simulated user holds the task: talk to it with send_message. With seed, every draw "
+        "the environment makes is reproducible.",
         {"type": "object", "properties": {"scenario_id": _ID, "env_id": _ID, "init_config": {"type": "object"},
-                                          "mode": {"enum": ["task", "conversation"]}},
+                                          "mode": {"enum": ["task", "conversation"]},
+                                          "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED}},
          "additionalProperties": False},
         _create_session),
     "call_tool": (

@@ -17,8 +17,10 @@ import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from sandbox import view
+from sandbox.randomness import HIDDEN
 
 INLINE_BYTES = 64 * 1024
 INLINE_NODES = 20_000
@@ -31,9 +33,17 @@ class ViewError(Exception):
 def state_view_json(encoded: str) -> str:
     """The client's JSON view of an encoded state, as JSON text. Runs in a pool process or inline."""
     try:
-        return json.dumps(view.view_encoded(json.loads(encoded)), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(view.view_encoded(_shown(encoded)), ensure_ascii=False, separators=(",", ":"))
     except RecursionError as exc:
         raise ViewError("the state is nested too deeply to show as JSON") from exc
+
+
+def _shown(encoded: str) -> Any:
+    """A parsed state without the session's stored randomness, which is the sandbox's, not the state's."""
+    parsed = json.loads(encoded)
+    if isinstance(parsed, dict):
+        parsed.pop(HIDDEN, None)
+    return parsed
 
 
 class Offload:
@@ -51,7 +61,7 @@ class Offload:
     async def state_view(self, encoded: str) -> str:
         """Raises ViewError: the view fails or takes longer than the timeout."""
         if len(encoded) <= INLINE_BYTES:
-            shown = view.view_encoded_within(json.loads(encoded), INLINE_NODES)
+            shown = view.view_encoded_within(_shown(encoded), INLINE_NODES)
             if shown is not view.OVER:
                 return json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
         loop = asyncio.get_running_loop()

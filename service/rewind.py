@@ -51,8 +51,10 @@ class RewindBudget(Exception):
     """Replaying took longer than the budget allows."""
 
 
-async def state_at(pool: WorkerPool, env: EnvCode, initial: str, records: list[str], budget: float) -> str:
-    """The encoded state after ``records`` (the session's first steps), replayed from ``initial``.
+async def state_at(pool: WorkerPool, env: EnvCode, initial: str, records: list[str], budget: float, *,
+                   stream: str | None = None, seed: int | None = None) -> str:
+    """The encoded state after ``records`` (the session's first steps), replayed from ``initial``
+    with the session's randomness (``stream``, ``seed``: see ``sandbox.randomness``).
 
     Raises:
         NotReplayable: a call answered otherwise than its record, or its record kept no arguments.
@@ -74,7 +76,8 @@ async def state_at(pool: WorkerPool, env: EnvCode, initial: str, records: list[s
                 raise NotReplayable(int(record["step"]), "kept no arguments to run it again (they were too large)")
             step = int(record["step"])
             try:
-                outcome = await pool.session_call(env, replay, version, _constant(state), str(record["name"]), arguments)
+                outcome = await pool.session_call(env, replay, version, _constant(state), str(record["name"]),
+                                                  arguments, stream=stream, seed=seed)
             except SandboxError as exc:
                 raise SandboxFailed(step, exc.message) from exc
             version += 1

@@ -135,6 +135,8 @@ class ScenarioCreate(Strict):
 
 # -- sessions ---------------------------------------------------------------------------------
 Mode = Literal["task", "conversation"]
+GroupSeeds = Literal["derived", "same"]
+MAX_SEED = 2**63 - 1
 
 
 class SessionCreate(Strict):
@@ -145,6 +147,14 @@ class SessionCreate(Strict):
                    "(a group for GRPO-style rollouts); all or none. At most the service's max_group.")
     mode: Mode = Field(default="task", description="'conversation': a simulated user holds the scenario's task "
                        "and reveals it through POST /messages; needs scenario_id.")
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description=(
+        "Make every draw reproducible: the random module is seeded with it before __init__, and os.urandom, "
+        "uuid4, secrets and new random.Random() instances draw from a generator seeded from it. The same seed "
+        "gives the same draws on any replica and after any rebuild. Without it a session draws as a fresh "
+        "process would."))
+    group_seeds: GroupSeeds = Field(default="derived", description=(
+        "With n > 1 and a seed: 'derived' gives each member a seed of its own, derived from (seed, its index), "
+        "after the shared __init__; 'same' lets every member go on drawing alike."))
 
     @model_validator(mode="after")
     def one_source(self) -> SessionCreate:
@@ -170,6 +180,11 @@ class SessionCreated(BaseModel):
 
 class ForkRequest(Strict):
     n: int = Field(default=1, ge=1, description="How many forks to make; all or none. At most max_group.")
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description=(
+        "Reseed the forks' randomness from this seed (as POST /v1/sessions does). Without it a fork goes on "
+        "drawing where its parent was."))
+    group_seeds: GroupSeeds = Field(default="derived", description=(
+        "With n > 1 and a seed: 'derived' (each fork's seed derived from (seed, its index)) or 'same'."))
     step: int | None = Field(default=None, ge=0, description=(
         "Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; "
         "by default the current step. A past state is the initial state plus the parts the first `step` steps "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandbox import deltas
+from sandbox import deltas, randomness
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, Stored, WorkerPool
 from service import idempotency, past, rewind, steps
@@ -136,8 +137,10 @@ class Sessions:
         self._turns = LocalLocks()
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
-                     n: int = 1, mode: str = "task", tenant: str = "") -> Created:
-        """Create ``n`` sessions sharing one initial state (all or none)."""
+                     n: int = 1, mode: str = "task", tenant: str = "", seed: int | None = None,
+                     group_seeds: str = "derived") -> Created:
+        """Create ``n`` sessions sharing one initial state (all or none); with ``seed``, every draw
+        is reproducible (see ``_streams`` for a group's)."""
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
         env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
@@ -148,14 +151,17 @@ class Sessions:
             raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
                                  field="mode")
         ids = [new_session_id() for _ in range(n)]
+        first, streams, seeds = _streams(n, seed, group_seeds)
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
             template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
-            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template)
+            state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template,
+                                              stream=first, seed=seed)
             now = time.time()
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
-                                 mode=mode, opening=opening, env_registration=env.registration) for sid in ids]
+                                 mode=mode, opening=opening, env_registration=env.registration, stream=stream,
+                                 seed=own) for sid, stream, own in zip(ids, streams, seeds, strict=True)]
             digest = self._digest(state)
             try:
                 await self._store(self._quota(self.store.create_group(
@@ -198,10 +204,12 @@ class Sessions:
         return key
 
     async def _initial_state(self, env: Environment, config: dict[str, Any], tenant: str, session: str | None,
-                             template: str | None = None) -> str:
+                             template: str | None = None, *, stream: str | None = None,
+                             seed: int | None = None) -> str:
         try:
             async with self._sandbox_slot(tenant):
-                return await self.pool.init_state(env_code(env), config, session, template, deltas=True)
+                return await self.pool.init_state(env_code(env), config, session, template, deltas=True,
+                                                  stream=stream, seed=seed)
         except RequestFailed as exc:
             if exc.kind == "sandbox_error":
                 raise Unavailable(f"the sandbox failed: {exc.message}") from exc
@@ -527,7 +535,7 @@ class Sessions:
             return Stored(*found, template=template, init_config=scenario.init_config, base=snap.state_digest)
 
         return arguments, await self.pool.session_call(env_code(env), session_id, snap.meta.step, stored_state,
-                                                       name, arguments, deltas=True)
+                                                       name, arguments, deltas=True, **_randomness(snap.meta))
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
         """Raises LimitExceeded: arguments over a bound (nothing is applied)."""
@@ -588,14 +596,19 @@ class Sessions:
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks}
 
-    async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "") -> Created:
+    async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "",
+                   seed: int | None = None, group_seeds: str = "derived") -> Created:
         """``n`` independent copies of the session at its current step, or at ``step`` (0: the
-        initial state) with the trajectory's first ``step`` steps (all or none)."""
+        initial state) with the trajectory's first ``step`` steps (all or none). A fork goes on
+        drawing where its parent was; with ``seed`` it draws anew from that seed."""
         past = step is not None
         # (a fork at a past step needs the initial state and the records, never the current state)
         snap = await self.snapshot(session_id, tenant=tenant, blobs=past, trajectory=past, current=False)
+        reseeded = None if seed is None else _streams(n, seed, group_seeds)[1:]
         if step is not None and step != snap.meta.step:
-            return await self._fork_at(snap, n, step, tenant)
+            return await self._fork_at(snap, n, step, tenant, reseeded)
+        if reseeded is not None:
+            return await self._fork_reseeded(session_id, n, tenant, reseeded)
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         now = time.time()
@@ -608,7 +621,25 @@ class Sessions:
         self.metrics.sessions.labels("fork").inc(n)
         return Created(metas, env, scenario)
 
-    async def _fork_at(self, snap: Snapshot, n: int, step: int, tenant: str) -> Created:
+    async def _fork_reseeded(self, session_id: str, n: int, tenant: str,
+                             reseeded: tuple[list[str], list[int | None]]) -> Created:
+        """Forks at the current step with streams of their own: their metas differ from the parent's
+        in more than a store's copy writes, so the state is read and stored again."""
+        snap = await self.snapshot(session_id, tenant=tenant, trajectory=True)
+        env = await self.environment_of(snap)
+        scenario = await self.scenario_of(snap)
+        now = time.time()
+        metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id, stream=stream,
+                         seed=own) for stream, own in zip(*reseeded, strict=True)]
+        async with self._admitted(tenant, [m.session_id for m in metas]):
+            await self._store(self._quota(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory,
+                                                                  quota=self.limits.max_tenant_bytes,
+                                                                  initial_digest=snap.initial_digest)))
+        self.metrics.sessions.labels("fork").inc(n)
+        return Created(metas, env, scenario)
+
+    async def _fork_at(self, snap: Snapshot, n: int, step: int, tenant: str,
+                       reseeded: tuple[list[str], list[int | None]] | None = None) -> Created:
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         self._check_step(snap, step)
@@ -620,6 +651,8 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=snap.meta.session_id,
                          step=step, done=done) for _ in range(n)]
+        if reseeded is not None:
+            metas = [replace(meta, stream=stream, seed=own) for meta, stream, own in zip(metas, *reseeded, strict=True)]
         async with self._admitted(tenant, [m.session_id for m in metas]):
             await self._store(self._quota(self.store.create_group(metas, state, snap.initial, records,
                                                                   quota=self.limits.max_tenant_bytes,
@@ -649,7 +682,8 @@ class Sessions:
         try:
             async with self.replay_budget.turn(tenant) as turn, self._sandbox_slot(tenant):
                 turn.start()  # (waiting for a worker is not charged)
-                state = await rewind.state_at(self.pool, code, snap.initial, snap.trajectory[:step], budget)
+                state = await rewind.state_at(self.pool, code, snap.initial, snap.trajectory[:step], budget,
+                                              **_randomness(snap.meta))
             outcome = "replayed"
         except QuotaExceeded:
             outcome = "refused"
@@ -686,6 +720,28 @@ class Sessions:
             raise Unavailable(str(exc)) from exc
         finally:
             self.metrics.store_latency.observe(time.perf_counter() - started)
+
+
+def _streams(n: int, seed: int | None, group_seeds: str) -> tuple[str, list[str], list[int | None]]:
+    """The stream an init draws from, and each new session's stream and seed (see
+    ``sandbox.randomness``). One session goes on from its init's stream. Members of a group share
+    the initial state but draw for themselves after it: each from a stream of its own (seeded, with
+    ``seed``, from a seed derived from it and its index), or, seeded with ``group_seeds`` "same",
+    all from the init's."""
+    first = _new_stream()
+    if n == 1 or seed is not None and group_seeds == "same":
+        return first, [first] * n, [seed] * n
+    seeds = [None if seed is None else randomness.derived(seed, index) for index in range(n)]
+    return first, [_new_stream() for _ in range(n)], seeds
+
+
+def _new_stream() -> str:
+    return secrets.token_hex(8)
+
+
+def _randomness(meta: SessionMeta) -> dict[str, Any]:
+    """What the sandbox needs to rebuild a session's randomness (a session made before streams: none)."""
+    return {"stream": meta.stream or None, "seed": meta.seed}
 
 
 def _unicode_problem(value: Any) -> str | None:

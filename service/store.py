@@ -112,6 +112,10 @@ class SessionMeta:
     done: bool = False  # the simulated user ended the conversation
     opening: str | None = None  # the simulated user's first message
     env_registration: str = ""  # the Environment.registration the session was made from
+    # Its randomness (see ``sandbox.randomness``): the tag naming its stream (a fork keeps its
+    # parent's) and the seed every draw comes from, if it was given one.
+    stream: str = ""
+    seed: int | None = None
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -132,6 +136,8 @@ class SessionMeta:
             done=bool(data.get("done")),
             opening=data.get("opening") or None,
             env_registration=data.get("env_registration", ""),
+            stream=data.get("stream", ""),
+            seed=int(data["seed"]) if data.get("seed") else None,
         )
 
 

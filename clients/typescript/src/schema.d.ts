@@ -461,11 +461,23 @@ export interface components {
         /** ForkRequest */
         ForkRequest: {
             /**
+             * Group Seeds
+             * @description With n > 1 and a seed: 'derived' (each fork's seed derived from (seed, its index)) or 'same'.
+             * @default derived
+             * @enum {string}
+             */
+            group_seeds?: "derived" | "same";
+            /**
              * N
              * @description How many forks to make; all or none. At most max_group.
              * @default 1
              */
             n?: number;
+            /**
+             * Seed
+             * @description Reseed the forks' randomness from this seed (as POST /v1/sessions does). Without it a fork goes on drawing where its parent was.
+             */
+            seed?: number | null;
             /**
              * Step
              * @description Fork at the state after this step (0: the initial state), with the trajectory's first `step` steps; by default the current step. A past state is the initial state plus the parts the first `step` steps recorded changing; where a step stored a whole state instead, the recorded calls are replayed from the initial state, and a step that answers otherwise when run again (an environment that does not repeat itself) is 409 naming it. A step after the current one is 422.
@@ -653,6 +665,13 @@ export interface components {
         SessionCreate: {
             /** Env Id */
             env_id?: string | null;
+            /**
+             * Group Seeds
+             * @description With n > 1 and a seed: 'derived' gives each member a seed of its own, derived from (seed, its index), after the shared __init__; 'same' lets every member go on drawing alike.
+             * @default derived
+             * @enum {string}
+             */
+            group_seeds?: "derived" | "same";
             /** Init Config */
             init_config?: {
                 [key: string]: unknown;
@@ -672,6 +691,11 @@ export interface components {
             n?: number;
             /** Scenario Id */
             scenario_id?: string | null;
+            /**
+             * Seed
+             * @description Make every draw reproducible: the random module is seeded with it before __init__, and os.urandom, uuid4, secrets and new random.Random() instances draw from a generator seeded from it. The same seed gives the same draws on any replica and after any rebuild. Without it a session draws as a fresh process would.
+             */
+            seed?: number | null;
         };
         /** SessionCreated */
         SessionCreated: {

@@ -20,6 +20,7 @@ from envfoundry_client.models import (
     CheckItem,
     Environment,
     EnvironmentSummary,
+    GroupSeeds,
     MessageReply,
     Mode,
     Scenario,
@@ -160,12 +161,16 @@ def delete_scenario(scenario_id: str) -> Operation[None]:
 
 # -- sessions --------------------------------------------------------------------------------
 def create_session(scenario_id: str | None = None, *, env_id: str | None = None, init_config: JSON | None = None,
-                   n: int = 1, mode: Mode = "task", idempotency_key: str | None = None) -> Operation[Session]:
+                   n: int = 1, mode: Mode = "task", seed: int | None = None, group_seeds: GroupSeeds = "derived",
+                   idempotency_key: str | None = None) -> Operation[Session]:
     """Start ``n`` sessions from a scenario (or from an environment and an initial state).
 
     All n are created or none. In ``conversation`` mode the result carries the simulated user's
-    opening message instead of the task. Raises ``NotFound``, ``InvalidRequest`` (bad ``n``, both or
-    neither source), ``UserLLMUnavailable`` (conversation mode without a user LLM).
+    opening message instead of the task. With ``seed`` every draw the environment makes (``random``,
+    ``uuid4``, ``os.urandom``, ``secrets``) is reproducible; a group's members draw from seeds
+    derived from it and their index (``group_seeds="same"``: all alike). Raises ``NotFound``,
+    ``InvalidRequest`` (bad ``n``, both or neither source), ``UserLLMUnavailable`` (conversation
+    mode without a user LLM).
     """
     body: JSON = {}
     if scenario_id is not None:
@@ -179,6 +184,7 @@ def create_session(scenario_id: str | None = None, *, env_id: str | None = None,
         body["n"] = n
     if mode != "task":
         body["mode"] = mode
+    body.update(_seeding(seed, group_seeds))
     return Operation("POST", "/v1/sessions", Session.from_json, body, status=201,
                      idempotency_key=_key(idempotency_key))
 
@@ -236,14 +242,23 @@ def score(session_id: str) -> Operation[Score]:
     return Operation("POST", f"/v1/sessions/{_seg(session_id)}/score", Score.from_json, safe=True)
 
 
-def fork(session_id: str, *, n: int = 1, step: int | None = None,
-         idempotency_key: str | None = None) -> Operation[Session]:
+def fork(session_id: str, *, n: int = 1, step: int | None = None, seed: int | None = None,
+         group_seeds: GroupSeeds = "derived", idempotency_key: str | None = None) -> Operation[Session]:
     """``n`` independent copies of a session (state and trajectory), all or none; with ``step``, at
     the state after that step (0: the initial state) with the trajectory's first ``step`` steps.
-    A step that answers otherwise when replayed is a ``Conflict`` naming it."""
-    body: dict[str, Any] = {**({"n": n} if n != 1 else {}), **({"step": step} if step is not None else {})}
+    A step that answers otherwise when replayed is a ``Conflict`` naming it. A fork goes on drawing
+    where its parent was; with ``seed`` it draws anew from it (as ``create_session``)."""
+    body: dict[str, Any] = {**({"n": n} if n != 1 else {}), **({"step": step} if step is not None else {}),
+                            **_seeding(seed, group_seeds)}
     return Operation("POST", f"/v1/sessions/{_seg(session_id)}/fork", Session.from_json,
                      body or None, status=201, idempotency_key=_key(idempotency_key))
+
+
+def _seeding(seed: int | None, group_seeds: GroupSeeds) -> JSON:
+    """The seed fields of a body (left out unset, for a service that predates seeds)."""
+    if seed is None:
+        return {}
+    return {"seed": seed, **({"group_seeds": group_seeds} if group_seeds != "derived" else {})}
 
 
 def delete_session(session_id: str) -> Operation[None]:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 JSON = dict[str, Any]
 Mode = Literal["task", "conversation"]
+GroupSeeds = Literal["derived", "same"]  # a seeded group's members: seeds derived per member, or one for all
 
 
 def _str_or_none(value: Any) -> str | None:
