@@ -5,7 +5,11 @@ A view is a tree: an object met again is shown as ``{"$ref": pointer}``, a JSON 
 (RFC 6901) into the same view to where it is shown in full; a key of the state's own that starts
 with ``$`` is shown with one more ``$`` in front, so every key starting with a single ``$`` is the
 view's; containers nested deeper than ``MAX_DEPTH``, or met after ``MAX_VIEW_NODES`` containers,
-are shown as ``{"$truncated": "depth"}`` or ``{"$truncated": "size"}``. Standard library only.
+are shown as ``{"$truncated": "depth"}`` or ``{"$truncated": "size"}``. The environment instance
+itself, met in its own state (a back-reference), is ``{"$ref": ""}``: the pointer to the view's
+root. A ``deque`` is shown as a list, an ``OrderedDict``, ``defaultdict`` or ``Counter`` as an
+object, a bound method as the text ``<bound method Class.name>``, and a set in the order of its
+members' views (not its own). Standard library only.
 
 One budget bounds the whole view: a container costs one, and what a dict key or a set member's
 sort key shows (each is shown on its own, so an object shared by many keys is shown in full under
@@ -15,11 +19,13 @@ every one of them) costs its items and long strings, every time, against the sam
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import decimal
 import enum
 import json
 import math
+import types
 from typing import Any
 
 from sandbox.stateformat import (
@@ -63,6 +69,7 @@ class _Viewer:
     def __init__(self, budget: _Budget | None = None, keying: bool = False) -> None:
         self.budget = budget or _Budget()
         self.keying = keying  # shows keys: values inside keys are shown by this viewer too
+        self.owner: Any = None  # (ValueViewer) the environment instance, shown as the root
         self.places: dict[Any, Where] = {}
         self.pointers: dict[Any, str] = {}
 
@@ -121,7 +128,9 @@ class _Viewer:
 
 class ValueViewer(_Viewer):
     def sub(self, budget: _Budget) -> _Viewer:
-        return ValueViewer(budget, keying=True)
+        viewer = ValueViewer(budget, keying=True)
+        viewer.owner = self.owner
+        return viewer
 
     def show(self, value: Any, where: Where, depth: int) -> Any:
         kind = type(value)
@@ -131,6 +140,10 @@ class ValueViewer(_Viewer):
             return value
         if value is None or kind is bool:
             return value
+        if value is self.owner:
+            return {REF: ""}
+        if (kind is types.MethodType or kind is types.BuiltinMethodType) and bound_method(value):
+            return method_view(value)
         if isinstance(value, enum.Enum):
             return _rebase(view(value.value), where)  # as stored: shown on its own, like the encoder
         if isinstance(value, (bool, str)):
@@ -152,7 +165,7 @@ class ValueViewer(_Viewer):
         marker = id(value)
         if marker in self.places:
             return self.ref(marker)
-        sized = isinstance(value, (dict, list, tuple, set, frozenset))
+        sized = isinstance(value, (dict, list, tuple, set, frozenset, collections.deque))
         marked = self.admit(depth, len(value) if self.keying and sized else 0)
         if marked is not None:
             return marked
@@ -163,7 +176,7 @@ class ValueViewer(_Viewer):
             for key, item in value.items():
                 self.field(out, key, item, where, depth)
             return out
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple, collections.deque)):
             return [self.show(v, (where, i), depth) for i, v in enumerate(value)]
         if isinstance(value, (set, frozenset)):
             return self.members(list(value), where, depth)
@@ -265,11 +278,17 @@ class _EncodedViewer(_Viewer):
                 raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
             self.places[number] = where
             return self.show(raw, where, depth)
-        if tag in ("dict", "tuple", "set", "frozenset", "object"):
+        if tag == "flat":
+            return self.show(raw[0], where, depth)  # the block stands for its first object
+        if tag == "self":
+            return {REF: ""}
+        if (tag == "tuple" or tag == "frozenset") and raw == []:
+            return []  # empty ones are shown without a place, at any depth (as ``ValueViewer`` does)
+        if tag in ("dict", "tuple", "set", "frozenset", "object", "deque", "odict", "defaultdict", "counter"):
             marked = self.admit(depth, len(raw))
             if marked is not None:
                 return marked
-            if tag == "tuple":
+            if tag == "tuple" or tag == "deque":
                 return [self.show(v, (where, i), depth + 1) for i, v in enumerate(raw)]
             if tag in ("set", "frozenset"):
                 return self.members(list(raw), where, depth + 1)
@@ -290,7 +309,7 @@ class _EncodedViewer(_Viewer):
             return dt.timedelta(days=raw[0], seconds=raw[1], microseconds=raw[2]).total_seconds()
         if tag == "bytes":
             return _bytes_view(base64.b64decode(raw))
-        if tag in ("enum", "pickle"):
+        if tag in ("enum", "pickle", "method"):
             return _rebase(value.get("view"), where)
         return raw  # float, datetime, date, time, decimal: already strings
 
@@ -317,9 +336,23 @@ def _rebase(shown: Any, where: Where, depth: int = 0) -> Any:
     return shown
 
 
-def view(value: Any) -> Any:
-    """The JSON view of any Python value (tool results, pickled objects): see the module docstring."""
-    return ValueViewer().show(value, None, 0)
+def view(value: Any, owner: Any = None) -> Any:
+    """The JSON view of any Python value (tool results, pickled objects): see the module docstring.
+    ``owner``: the environment instance, when ``value`` is its state."""
+    viewer = ValueViewer()
+    viewer.owner = owner
+    return viewer.show(value, None, 0)
+
+
+def bound_method(value: Any) -> bool:
+    """Whether a method (or builtin method) is bound to an object: not to a class or a module."""
+    target = value.__self__
+    return target is not None and not isinstance(target, (types.ModuleType, type))
+
+
+def method_view(method: Any) -> str:
+    """A bound method as the view shows it: its class and name (its object is shown where it is)."""
+    return f"<bound method {method.__qualname__}>"
 
 
 def view_encoded(value: Any, *, strict: bool = False) -> Any:
