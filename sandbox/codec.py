@@ -74,7 +74,6 @@ _IMMUTABLE = frozenset({tuple, frozenset, types.MethodType, types.BuiltinMethodT
 # Collections written as containers of the graph, by exact type (a subclass is pickled, as before).
 _COLLECTIONS = {collections.deque: "deque", collections.OrderedDict: "odict",
                 collections.defaultdict: "defaultdict", collections.Counter: "counter"}
-_SELF: dict[str, Any] = {TAG: "self"}
 
 
 class CodecError(Exception):
@@ -194,7 +193,7 @@ class Encoder:
                 scalar = _scalar(value, kind)
                 return self._pickled(value, kind) if scalar is None else scalar
             if value is self.owner and value is not None:
-                return _SELF
+                return self._self()
             if (kind is tuple or kind is frozenset) and not value:
                 return _tagged(kind.__name__, [])  # singletons in CPython: sharing them means nothing
             if isinstance(value, enum.Enum):  # members are singletons, rebuilt by name
@@ -335,6 +334,11 @@ class Encoder:
             factory = self.encode(value.default_factory)  # first: it is rebuilt before the items
             return _tagged(tag, self._pairs(value), factory=factory)
         return _tagged(tag, self._pairs(value))
+
+    def _self(self) -> dict[str, Any]:
+        """The environment instance, with its class: a decoder without the instance makes one."""
+        kind = type(self.owner)
+        return {TAG: "self", "cls": kind.__qualname__} if self._is_env_class(kind) else {TAG: "self"}
 
     @staticmethod
     def _method(value: Any, name: str, target: Any) -> dict[str, Any]:
@@ -487,6 +491,10 @@ class Decoder:
             if raw is not None:
                 self.decode(raw)  # items written before a cycle reached the tuple: they hold ids
             return self._object_of(value.get("id"))
+        if kind == "object":
+            obj = self._shell(kind, value)
+            self._fill(obj, kind, value)
+            return obj
         if kind == "dict":
             return {self.decode(k): self.decode(v) for k, v in raw}
         if kind == "tuple":
@@ -516,6 +524,9 @@ class Decoder:
         if kind == "pickle":
             return pickle.loads(base64.b64decode(raw))
         if kind == "self":
+            if self.owner is None:  # no instance given: one is made, and filled with the state decoded
+                cls = self._class(value) if self.resolve is not None and "cls" in value else None
+                self.owner = types.SimpleNamespace() if cls is None else cls.__new__(cls)
             return self.owner
         if kind == "method":
             return getattr(self.decode(raw), value["name"])
@@ -551,13 +562,13 @@ class Decoder:
         if tag is None:
             kind = type(body)
             return [] if kind is list else {} if kind is dict else None
+        if tag == "object":
+            cls = self._class(body)
+            return cls.__new__(cls)  # restore without __init__: the state is already built
         if tag == "dict":
             return {}
         if tag == "set":
             return set()
-        if tag == "object":
-            cls = self._class(body)
-            return cls.__new__(cls)  # restore without __init__: the state is already built
         if tag == "deque":
             return collections.deque(maxlen=body.get("maxlen"))
         if tag == "odict":
@@ -579,16 +590,18 @@ class Decoder:
                     shell[key] = decode(item)
             return
         raw = body["v"]
-        if tag == "set":
+        if tag == "object":
+            shell.__dict__.update(decode(raw))
+            slots = body.get("slots")
+            if slots:
+                for name, item in decode(slots).items():
+                    object.__setattr__(shell, name, item)  # past a validating __setattr__, as the slot was set
+        elif tag == "set":
             for item in raw:
                 shell.add(decode(item))
         elif tag == "deque":
             for item in raw:
                 shell.append(decode(item))
-        elif tag == "object":
-            shell.__dict__.update(decode(raw))
-            for name, item in decode(body.get("slots") or {}).items():
-                object.__setattr__(shell, name, item)  # past a validating __setattr__, as the slot was set
         else:
             if tag == "defaultdict":
                 shell.default_factory = decode(body.get("factory"))
@@ -687,14 +700,12 @@ def decode(value: Any, resolve: Callable[[str], Any] | None = None, owner: Any =
     """Inverse of ``encode``, identity included. Unpickles: call only inside the sandbox.
 
     ``owner`` is the environment instance being rebuilt (the caller fills its ``__dict__`` with
-    what this returns). Without one, a reference to it decodes to a namespace holding the
-    decoded state's attributes (a check reads the state so)."""
-    if owner is not None:
-        return Decoder(resolve, owner).decode(value)
-    stand_in = types.SimpleNamespace()
-    out = Decoder(resolve, stand_in).decode(value)
-    if type(out) is dict and all(type(k) is str for k in out):
-        stand_in.__dict__.update(out)
+    what this returns). Without one (a check reads the state as a dict), a reference to it
+    decodes to an instance of its class made here, holding the decoded state's attributes."""
+    decoder = Decoder(resolve, owner)
+    out = decoder.decode(value)
+    if owner is None and decoder.owner is not None and type(out) is dict:
+        decoder.owner.__dict__.update(out)
     return out
 
 

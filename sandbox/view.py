@@ -142,8 +142,6 @@ class ValueViewer(_Viewer):
             return value
         if value is self.owner:
             return {REF: ""}
-        if (kind is types.MethodType or kind is types.BuiltinMethodType) and bound_method(value):
-            return method_view(value)
         if isinstance(value, enum.Enum):
             return _rebase(view(value.value), where)  # as stored: shown on its own, like the encoder
         if isinstance(value, (bool, str)):
@@ -165,6 +163,9 @@ class ValueViewer(_Viewer):
         marker = id(value)
         if marker in self.places:
             return self.ref(marker)
+        if (kind is types.MethodType or kind is types.BuiltinMethodType) and bound_method(value):
+            self.places[marker] = where  # (a method held twice is a "$ref" the second time, as stored)
+            return method_view(value)
         sized = isinstance(value, (dict, list, tuple, set, frozenset, collections.deque))
         marked = self.admit(depth, len(value) if self.keying and sized else 0)
         if marked is not None:
