@@ -81,9 +81,9 @@ def _resolve(qualname: str) -> Any:
 
 
 def codec_trip(state: Any, owner: Any = None, into: Any = None) -> Any:
-    text = encode_state(state, ENV_MODULE, owner)
-    assert protocol.depth_within(json.loads(text), 4 * sandbox.codec.FLAT_DEPTH)
-    return decode(json.loads(text), _resolve, into)
+    text = encode_state(state, ENV_MODULE, owner) if owner is not None else encode_state(state, ENV_MODULE)
+    assert protocol.depth_within(json.loads(text), 400)  # flat blocks below FLAT_DEPTH: JSON stays shallow
+    return decode(json.loads(text), _resolve, into) if into is not None else decode(json.loads(text), _resolve)
 
 
 def pickle_trip(state: Any) -> Any:
