@@ -551,10 +551,12 @@ class Decoder:
     def _object_of(self, number: Any) -> Any:
         try:
             return self.objects[number]
-        except (KeyError, TypeError):
-            if number in self.pending:  # (a TypeError above leaves nothing hashable to look for)
+        except KeyError:
+            if number in self.pending:
                 return self._build(number)
-            raise ValueError(f"reference to an object never written: {number!r}") from None
+        except TypeError:
+            pass
+        raise ValueError(f"reference to an object never written: {number!r}")
 
     def _shell(self, tag: Any, body: Any) -> Any:
         """An empty object for a mutable body (``tag``: its tag, None for JSON's own list and
@@ -626,6 +628,8 @@ class Decoder:
         reference any other; then they are filled, last listed first (an object's parts are
         listed after it: keys and members are then filled before the dicts and sets that hash
         them), and the immutable ones are built when first needed (see ``_build``)."""
+        if type(entries) is not list or not entries or any(type(entry) is not dict for entry in entries):
+            raise ValueError("a flat block that is not a list of objects")
         listed = []
         for entry in entries:
             number, body = entry["id"], entry["v"]

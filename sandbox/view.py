@@ -280,6 +280,8 @@ class _EncodedViewer(_Viewer):
             self.places[number] = where
             return self.show(raw, where, depth)
         if tag == "flat":
+            if type(raw[0]) is not dict or raw[0].get(TAG) != "id":
+                raise ValueError(tag)
             return self.show(raw[0], where, depth)  # the block stands for its first object
         if tag == "self":
             return {REF: ""}
