@@ -238,11 +238,21 @@ class _EncodedViewer(_Viewer):
             tag = value.get(TAG)
             if tag is not None:
                 try:
-                    return self.tagged(tag, value, where, depth)
+                    if tag == "id" or tag == "ref" or tag == "flat":
+                        # Followed here, not by recursion: a deep state's view passes a reference at
+                        # every level, and each level must cost as few frames as a plain dict's.
+                        value, shown = self.link(tag, value, where)
+                        if shown is not None:
+                            return shown
+                        kind = type(value)
+                        tag = value.get(TAG) if kind is dict else None
+                    if tag is not None:
+                        return self.tagged(tag, value, where, depth)
                 except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
                     if self.strict:
                         raise InvalidEncoding(f"unreadable tagged value {tag!r}") from exc
                     return {TRUNCATED: "invalid"}  # only a corrupted store holds such a value
+        if kind is dict:
             marked = self.admit(depth, len(value))
             if marked is not None:
                 return marked
@@ -263,26 +273,31 @@ class _EncodedViewer(_Viewer):
             self.spend_text(value)
         return value
 
+    def link(self, tag: str, value: dict[str, Any], where: Where) -> tuple[Any, Any]:
+        """An object written with an id, referenced, or a flat block standing for its first object:
+        (what to show in its place, None), or (None, its view) when it was shown already."""
+        raw: Any = value.get("v")
+        if tag == "flat":
+            value = raw[0]  # (a block holds objects with ids, the first standing for the block)
+            if type(value) is not dict or value.get(TAG) != "id":
+                raise ValueError(tag)
+            raw = value.get("v")
+        number = value.get("id")
+        if type(number) is not int:
+            raise ValueError(number)
+        if number in self.places:
+            return None, self.ref(number)
+        if tag == "ref":
+            raw = self.definitions.find(number)
+            if raw is _MISSING:
+                raise ValueError(number)
+        if type(raw) is dict and raw.get(TAG) in ("id", "ref", "flat"):
+            raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
+        self.places[number] = where
+        return raw, None
+
     def tagged(self, tag: Any, value: dict[str, Any], where: Where, depth: int) -> Any:
         raw: Any = value.get("v")
-        if tag == "id" or tag == "ref":
-            number = value.get("id")
-            if type(number) is not int:
-                raise ValueError(number)
-            if number in self.places:
-                return self.ref(number)
-            if tag == "ref":
-                raw = self.definitions.find(number)
-                if raw is _MISSING:
-                    raise ValueError(number)
-            if type(raw) is dict and raw.get(TAG) in ("id", "ref"):
-                raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
-            self.places[number] = where
-            return self.show(raw, where, depth)
-        if tag == "flat":
-            if type(raw[0]) is not dict or raw[0].get(TAG) != "id":
-                raise ValueError(tag)
-            return self.show(raw[0], where, depth)  # the block stands for its first object
         if tag == "self":
             return {REF: ""}
         if (tag == "tuple" or tag == "frozenset") and raw == []:
@@ -299,8 +314,12 @@ class _EncodedViewer(_Viewer):
             if tag == "object":
                 out["__type__"] = str(value.get("cls", "")).rsplit(".", 1)[-1]
                 if type(raw) is dict and raw.get(TAG) is None:
-                    for key, item in raw.items():
-                        self.field(out, key, item, where, depth + 1)
+                    show = self.show
+                    depth += 1
+                    for key, item in raw.items():  # (``field`` inlined: string keys, one frame less a level)
+                        if key[:1] == "$":
+                            key = "$" + key
+                        out[key] = show(item, (where, key), depth)
                     return out
                 raw = raw["v"]  # attributes with a key named like the tag: written as pairs
             for key, item in raw:
