@@ -72,7 +72,7 @@ _IDENTITY_FREE = frozenset({dt.datetime, dt.date, dt.time, dt.timedelta, decimal
 # Values rebuilt only once their parts are: a shared one gets its id after them (see ``_immutable``).
 _IMMUTABLE = frozenset({tuple, frozenset, types.MethodType, types.BuiltinMethodType})
 # Collections written as containers of the graph, by exact type (a subclass is pickled, as before).
-_COLLECTIONS = {collections.deque: "deque", collections.OrderedDict: "odict",
+_COLLECTIONS: dict[type, str] = {collections.deque: "deque", collections.OrderedDict: "odict",
                 collections.defaultdict: "defaultdict", collections.Counter: "counter"}
 
 
@@ -141,7 +141,7 @@ def _zoned(out: dict[str, Any], zone: Any) -> bool:
 def _method_name(value: Any) -> str | None:
     """The attribute that gives ``value`` back from its ``__self__``, as pickle looks it up, with a
     private (mangled) name found too; None when no attribute does."""
-    name = value.__name__
+    name: str = value.__name__
     owner = value.__self__
     names = [name]
     if name.startswith("__") and not name.endswith("__"):
@@ -241,8 +241,9 @@ class Encoder:
             return None
         if self.shared is not None and marker in self.ids:
             return {TAG: "ref", "id": self.ids[marker]}
-        self.queue = queue = []
-        entries = []
+        queue: list[tuple[Any, type, int]] = []
+        self.queue = queue
+        entries: list[dict[str, Any]] = []
         try:
             self._listed(value, kind, marker)
             while queue:
@@ -377,7 +378,7 @@ class Encoder:
         if kind is types.MethodType or kind is types.BuiltinMethodType:
             name = _method_name(value) if bound_method(value) else None
             if name is None:
-                return self._body(value, kind)  # pickled: a value of its own
+                return self._pickled(value, kind)  # a value of its own
         self.depth += 1
         self.building += 1
         if kind is frozenset:

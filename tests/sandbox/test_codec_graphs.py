@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 import sandbox.view
-from sandbox import codec
-from sandbox.codec import CodecError, decode, encode_state
+from sandbox.codec import decode, encode_state
 from sandbox.view import diff, view, view_encoded
 
 ENV_MODULE = "ef_env_graph_test"
