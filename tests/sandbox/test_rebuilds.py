@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from sandbox import view
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.deltas import Base, compose
+from sandbox.pool import EnvCode, Stored, WorkerPool
 from sandbox.resident import instantiate, public_state
 
 pytestmark = pytest.mark.anyio
@@ -246,3 +247,46 @@ async def test_a_class_rebuilt_before_every_call_behaves_as_in_process(pool_fact
     final = public_state(instance)
     assert list(json.loads(state)) == list(final)
     assert view.view_encoded(json.loads(state)) == json.loads(json.dumps(view.view(final, owner=instance)))
+
+
+class _Session:
+    """A session as the service keeps it (a base and the delta calls answer, or a whole state),
+    forgotten by the pool before every call: each call rebuilds its instance from what is stored."""
+
+    def __init__(self, pool: WorkerPool, env: EnvCode, state: str) -> None:
+        self.pool, self.env, self.step = pool, env, 0
+        self.base, self.fields, self.text = state, {}, state
+
+    async def load(self) -> Stored:
+        return Stored(self.text, None if self.fields is None else dict(self.fields))
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
+        self.pool.forget("s-rebuilt")
+        out = await self.pool.session_call(self.env, "s-rebuilt", self.step, self.load, name, arguments,
+                                           deltas=True)
+        assert out.ok, out.error
+        self.step += 1
+        if out.delta is not None:
+            assert self.fields is not None
+            self.fields.update(out.delta["set"])
+            for gone in out.delta["unset"]:
+                self.fields.pop(gone, None)
+            self.text = compose(Base(self.base), self.fields)
+        elif out.state is not None:
+            self.text = out.state
+            self.base, self.fields = (out.state, {}) if out.rebase else (out.state, None)
+        return out.result
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+async def test_a_session_forgotten_before_every_call_behaves_as_in_process(pool_factory: Any, name: str) -> None:
+    """The same through sessions, whose calls may answer deltas against a stored base."""
+    expected, instance = _in_process(name)
+    async with pool_factory(size=1) as pool:
+        env = _env(name)
+        session = _Session(pool, env, await pool.init_state(env, {}, "s-rebuilt"))
+        results = [await session.call(tool, arguments) for tool, arguments in EXAMPLES[name][1]]
+        assert pool.rebuilt_calls == len(results)
+    assert results == expected
+    final = public_state(instance)
+    assert view.view_encoded(json.loads(session.text)) == json.loads(json.dumps(view.view(final, owner=instance)))
