@@ -187,7 +187,7 @@ class Env:
         return out
 ''', [("push", {"count": 250}), ("total", {}), ("push", {"count": 2750}), ("total", {})]),
 
-    "dunder_attributes": ('''
+    "deep_plain_data": ('''
 class Env:
     def __init__(self):
         self.count = 0
@@ -253,15 +253,16 @@ class _Session:
     """A session as the service keeps it (a base and the delta calls answer, or a whole state),
     forgotten by the pool before every call: each call rebuilds its instance from what is stored."""
 
-    def __init__(self, pool: WorkerPool, env: EnvCode, state: str) -> None:
-        self.pool, self.env, self.step = pool, env, 0
+    def __init__(self, pool: WorkerPool, env: EnvCode, state: str, forget: bool = True) -> None:
+        self.pool, self.env, self.step, self.forget = pool, env, 0, forget
         self.base, self.fields, self.text = state, {}, state
 
     async def load(self) -> Stored:
         return Stored(self.text, None if self.fields is None else dict(self.fields))
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
-        self.pool.forget("s-rebuilt")
+        if self.forget:
+            self.pool.forget("s-rebuilt")
         out = await self.pool.session_call(self.env, "s-rebuilt", self.step, self.load, name, arguments,
                                            deltas=True)
         assert out.ok, out.error
@@ -278,15 +279,18 @@ class _Session:
         return out.result
 
 
+@pytest.mark.parametrize("forget", [True, False], ids=["rebuilt", "live"])
 @pytest.mark.parametrize("name", list(EXAMPLES))
-async def test_a_session_forgotten_before_every_call_behaves_as_in_process(pool_factory: Any, name: str) -> None:
-    """The same through sessions, whose calls may answer deltas against a stored base."""
+async def test_a_session_forgotten_before_every_call_behaves_as_in_process(pool_factory: Any, name: str,
+                                                                           forget: bool) -> None:
+    """The same through sessions, whose calls may answer deltas against a stored base (and, live,
+    on the instance kept between calls, whose state is encoded part by part while it can be)."""
     expected, instance = _in_process(name)
     async with pool_factory(size=1) as pool:
         env = _env(name)
-        session = _Session(pool, env, await pool.init_state(env, {}, "s-rebuilt"))
+        session = _Session(pool, env, await pool.init_state(env, {}, "s-rebuilt"), forget)
         results = [await session.call(tool, arguments) for tool, arguments in EXAMPLES[name][1]]
-        assert pool.rebuilt_calls == len(results)
+        assert pool.rebuilt_calls == (len(results) if forget else 0)
     assert results == expected
     final = public_state(instance)
     assert view.view_encoded(json.loads(session.text)) == json.loads(json.dumps(view.view(final, owner=instance)))
