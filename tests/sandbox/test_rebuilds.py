@@ -255,7 +255,8 @@ class _Session:
 
     def __init__(self, pool: WorkerPool, env: EnvCode, state: str, forget: bool = True) -> None:
         self.pool, self.env, self.step, self.forget = pool, env, 0, forget
-        self.base, self.fields, self.text = state, {}, state
+        self.base, self.text = state, state
+        self.fields: dict[str, str] | None = {}
 
     async def load(self) -> Stored:
         return Stored(self.text, None if self.fields is None else dict(self.fields))
