@@ -71,6 +71,8 @@ from sandbox.view import bound_method, method_view, view
 _IDENTITY_FREE = frozenset({dt.datetime, dt.date, dt.time, dt.timedelta, decimal.Decimal, bytes})
 # Values rebuilt only once their parts are: a shared one gets its id after them (see ``_immutable``).
 _IMMUTABLE = frozenset({tuple, frozenset, types.MethodType, types.BuiltinMethodType})
+# Builtin containers: an environment's subclass of one is pickled, not stored by its attributes.
+_BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, bytearray, collections.deque)
 # Collections written as containers of the graph, by exact type (a subclass is pickled, as before).
 _COLLECTIONS: dict[type, str] = {collections.deque: "deque", collections.OrderedDict: "odict",
                 collections.defaultdict: "defaultdict", collections.Counter: "counter"}
@@ -438,8 +440,8 @@ def stored_attributes(value: Any, kind: type) -> tuple[dict[str, Any], dict[str,
     those, so its models are stored as objects.
     """
     attributes = getattr(value, "__dict__", None)
-    if type(attributes) is not dict:
-        return None
+    if type(attributes) is not dict or issubclass(kind, _BUILTIN_CONTAINERS):
+        return None  # (a subclass of dict or list holds items its attributes do not: pickle keeps both)
     if not hasattr(kind, "__slots__"):
         return attributes, {}  # (written so before slots were carried; kept exactly)
     protocol: Any = kind  # (class attributes compared with object's own, which mypy reads as methods)

@@ -56,6 +56,16 @@ class Account:
         self.name = name
 
 
+class Registry(dict):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.label = "registry"
+
+
+class Stack(list):
+    pass
+
+
 class Node:
     def __init__(self, value, next=None):
         self.value = value
@@ -295,6 +305,14 @@ def test_a_collection_on_a_cycle_round_trips() -> None:
     grouped["me"].append(grouped)
     back = assert_like_pickle({"q": queue, "t": table, "g": grouped})
     assert back["q"][0] is back["q"] and back["t"]["self"] is back["t"] and back["g"]["me"][0] is back["g"]
+
+
+def test_an_environment_subclass_of_dict_or_list_keeps_its_items(env: types.ModuleType) -> None:
+    """(stored by its attributes alone, its items were lost: it is pickled, as a whole)"""
+    registry = env.Registry(a=1)
+    stack = env.Stack([1, 2])
+    back = assert_like_pickle({"registry": registry, "stack": stack})
+    assert back["registry"] == {"a": 1} and back["registry"].label == "registry" and back["stack"] == [1, 2]
 
 
 # --- depth ----------------------------------------------------------------------------
