@@ -440,7 +440,7 @@ def stored_attributes(value: Any, kind: type) -> tuple[dict[str, Any], dict[str,
     those, so its models are stored as objects.
     """
     attributes = getattr(value, "__dict__", None)
-    if type(attributes) is not dict or issubclass(kind, _BUILTIN_CONTAINERS):
+    if type(attributes) is not dict or (len(kind.__mro__) > 2 and issubclass(kind, _BUILTIN_CONTAINERS)):
         return None  # (a subclass of dict or list holds items its attributes do not: pickle keeps both)
     if not hasattr(kind, "__slots__"):
         return attributes, {}  # (written so before slots were carried; kept exactly)
