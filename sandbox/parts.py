@@ -13,6 +13,7 @@ where else it is reached. Standard library only.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import decimal
 import enum
@@ -21,15 +22,19 @@ import json
 import marshal
 import operator
 import pickle
+import types
 from itertools import compress
 from typing import Any
 
 from sandbox import codec, view, watch
-from sandbox.stateformat import TAG, pointer
+from sandbox.stateformat import FLAT_DEPTH, TAG, pointer
 
 _PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.time, dt.timedelta,
                     decimal.Decimal, bytes})
-_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+# (and the collections the codec writes as containers: they may hold what the state holds elsewhere)
+_CONTAINERS = frozenset({dict, list, tuple, set, frozenset, collections.deque, collections.OrderedDict,
+                         collections.defaultdict, collections.Counter})
+_METHODS = frozenset({types.MethodType, types.BuiltinMethodType})
 _STR = frozenset({str})
 # A watched dict's entries that changed (key and bytes), its slices, whether its keys changed, and
 # (when they did not) the slices holding the changed entries.
@@ -44,20 +49,27 @@ def shares(value: Any, env_module: str) -> bool:
     """Whether any object is reached twice, as the codec counts objects (see ``codec.Encoder``).
 
     Walks the graph a level at a time, letting ``gc.get_referents`` list each level's children in
-    C: a state of 400 KB is walked in about a millisecond."""
+    C: a state of 400 KB is walked in about a millisecond. A state that reaches ``FLAT_DEPTH``
+    levels counts as sharing too: the codec writes it with flat blocks, whose ids span the whole
+    state, so it is encoded whole."""
     seen: set[int] = set()
     level = [value]
+    depth = 0
     while level:
         ids = set(map(id, level))
-        if len(ids) != len(level) or not seen.isdisjoint(ids):
+        if len(ids) != len(level) or not seen.isdisjoint(ids) or depth >= FLAT_DEPTH:
             return True
         seen |= ids
+        depth += 1
         plain = [item for item in level if type(item) in _CONTAINERS]
         children = gc.get_referents(*plain) if plain else []
         for item in level:
             kind = type(item)
-            if kind not in _CONTAINERS and kind.__module__ == env_module \
-                    and (stored := codec.stored_attributes(item, kind)) is not None:
+            if kind in _CONTAINERS:
+                continue
+            if kind in _METHODS:
+                children.append(item.__self__)  # (its function is the class's: not the state's)
+            elif kind.__module__ == env_module and (stored := codec.stored_attributes(item, kind)) is not None:
                 children.extend(stored[0].values())
                 children.extend(stored[1].values())
         # (filtered in C first: most children are strings and numbers)
@@ -197,6 +209,8 @@ class Parts:
         encoder = codec.Encoder(self.env_module)
         encoder.depth = depth  # the codec's depth limit counts from the root of the state
         encoded = encoder.encode(value)
+        if encoder.blocks:  # grown past FLAT_DEPTH: its ids must be the whole state's (see ``shares``)
+            raise Unwatched
         # Watched bytes are taken now: the encoding holds the state's strings and numbers too, and
         # marshal flags what has a second holder (see ``sandbox.watch``).
         return self._part(key, value, encoded, depth, None if self.watched else data)

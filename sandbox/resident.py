@@ -42,7 +42,9 @@ HIDDEN_FIELD = field(HIDDEN)
 
 
 def public_state(instance: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(instance).items() if not (k.startswith("__") and k.endswith("__"))}
+    """The instance's attributes, all of them: private and dunder names too (``self.__version__``
+    set in a tool), as pickle keeps them; a rebuild must give each one back."""
+    return dict(vars(instance))
 
 
 def instantiate(cls: type, init_config: dict[str, Any]) -> Any:
@@ -66,9 +68,9 @@ def resolver(module: types.ModuleType) -> Callable[[str], Any]:
     return resolve
 
 
-def encode(state: dict[str, Any], module_name: str, limit: int) -> str:
+def encode(state: dict[str, Any], module_name: str, limit: int, owner: Any = None) -> str:
     try:
-        text = codec.encode_state(state, module_name)
+        text = codec.encode_state(state, module_name, owner)
     except codec.CodecError as exc:
         raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
     return _within(text, limit)
@@ -172,7 +174,8 @@ class LiveSession:
         except BaseException as exc:
             raise Failure(TOOL_EXCEPTION, f"the environment failed to initialise: {describe(exc)}") from None
         state = self._state()
-        self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", DEFAULTS.state_bytes)), state)
+        self._remember(encode(state, self.module.__name__, _limit(request, "max_state_bytes", DEFAULTS.state_bytes),
+                              self.instance), state)
         return {"state": self.text}
 
     def _state(self) -> dict[str, Any]:
@@ -198,7 +201,7 @@ class LiveSession:
         module = self.module
 
         def decode(part: str) -> Any:
-            return codec.decode(json.loads(part), resolver(module))
+            return codec.decode(json.loads(part), resolver(module), self.instance)
 
         try:
             stored = _hidden_field(fields.get(HIDDEN_FIELD))
@@ -229,7 +232,7 @@ class LiveSession:
     def _adopt(self, request: dict[str, Any], text: str) -> None:
         factory: Any = self.cls  # restore without __init__: the state is already built
         self.instance = factory.__new__(factory)
-        state = codec.decode(json.loads(text), resolver(self.module))
+        state = codec.decode(json.loads(text), resolver(self.module), self.instance)
         self.stream.begin(request, state.get(HIDDEN))
         self.hidden = self.stream.value
         self.instance.__dict__.update((k, v) for k, v in state.items() if k != HIDDEN)
@@ -284,7 +287,7 @@ class LiveSession:
                 raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
             return self._changed_parts(request, unchanged, before, text, change, after, limit)
         self.delta = None
-        text = encode(state, self.module.__name__, limit)
+        text = encode(state, self.module.__name__, limit, self.instance)
         if text == self.text:
             self.print = after
             return unchanged

@@ -10,6 +10,10 @@ TAG = "$ef"
 REF = "$ref"
 TRUNCATED = "$truncated"
 MAX_DEPTH = 200
+# Below this many containers the codec writes the rest of a value as a flat block (see
+# ``sandbox.codec``): the JSON, and the recursion that reads it, stay this shallow however deep
+# the state's graph goes.
+FLAT_DEPTH = 64
 # Far more containers than a state under the size limit holds: the bound only stops runaway views.
 MAX_VIEW_NODES = 1 << 22
 # A set member's sort key is its view cut after this many containers and items: members linked into a

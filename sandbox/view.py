@@ -5,7 +5,11 @@ A view is a tree: an object met again is shown as ``{"$ref": pointer}``, a JSON 
 (RFC 6901) into the same view to where it is shown in full; a key of the state's own that starts
 with ``$`` is shown with one more ``$`` in front, so every key starting with a single ``$`` is the
 view's; containers nested deeper than ``MAX_DEPTH``, or met after ``MAX_VIEW_NODES`` containers,
-are shown as ``{"$truncated": "depth"}`` or ``{"$truncated": "size"}``. Standard library only.
+are shown as ``{"$truncated": "depth"}`` or ``{"$truncated": "size"}``. The environment instance
+itself, met in its own state (a back-reference), is ``{"$ref": ""}``: the pointer to the view's
+root. A ``deque`` is shown as a list, an ``OrderedDict``, ``defaultdict`` or ``Counter`` as an
+object, a bound method as the text ``<bound method Class.name>``, and a set in the order of its
+members' views (not its own). Standard library only.
 
 One budget bounds the whole view: a container costs one, and what a dict key or a set member's
 sort key shows (each is shown on its own, so an object shared by many keys is shown in full under
@@ -15,11 +19,13 @@ every one of them) costs its items and long strings, every time, against the sam
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import decimal
 import enum
 import json
 import math
+import types
 from typing import Any
 
 from sandbox.stateformat import (
@@ -63,6 +69,7 @@ class _Viewer:
     def __init__(self, budget: _Budget | None = None, keying: bool = False) -> None:
         self.budget = budget or _Budget()
         self.keying = keying  # shows keys: values inside keys are shown by this viewer too
+        self.owner: Any = None  # (ValueViewer) the environment instance, shown as the root
         self.places: dict[Any, Where] = {}
         self.pointers: dict[Any, str] = {}
 
@@ -121,7 +128,9 @@ class _Viewer:
 
 class ValueViewer(_Viewer):
     def sub(self, budget: _Budget) -> _Viewer:
-        return ValueViewer(budget, keying=True)
+        viewer = ValueViewer(budget, keying=True)
+        viewer.owner = self.owner
+        return viewer
 
     def show(self, value: Any, where: Where, depth: int) -> Any:
         kind = type(value)
@@ -131,6 +140,8 @@ class ValueViewer(_Viewer):
             return value
         if value is None or kind is bool:
             return value
+        if value is self.owner:
+            return {REF: ""}
         if isinstance(value, enum.Enum):
             return _rebase(view(value.value), where)  # as stored: shown on its own, like the encoder
         if isinstance(value, (bool, str)):
@@ -152,7 +163,10 @@ class ValueViewer(_Viewer):
         marker = id(value)
         if marker in self.places:
             return self.ref(marker)
-        sized = isinstance(value, (dict, list, tuple, set, frozenset))
+        if (kind is types.MethodType or kind is types.BuiltinMethodType) and bound_method(value):
+            self.places[marker] = where  # (a method held twice is a "$ref" the second time, as stored)
+            return method_view(value)
+        sized = isinstance(value, (dict, list, tuple, set, frozenset, collections.deque))
         marked = self.admit(depth, len(value) if self.keying and sized else 0)
         if marked is not None:
             return marked
@@ -163,7 +177,7 @@ class ValueViewer(_Viewer):
             for key, item in value.items():
                 self.field(out, key, item, where, depth)
             return out
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple, collections.deque)):
             return [self.show(v, (where, i), depth) for i, v in enumerate(value)]
         if isinstance(value, (set, frozenset)):
             return self.members(list(value), where, depth)
@@ -224,11 +238,21 @@ class _EncodedViewer(_Viewer):
             tag = value.get(TAG)
             if tag is not None:
                 try:
-                    return self.tagged(tag, value, where, depth)
+                    if tag == "id" or tag == "ref" or tag == "flat":
+                        # Followed here, not by recursion: a deep state's view passes a reference at
+                        # every level, and each level must cost as few frames as a plain dict's.
+                        value, shown = self.link(tag, value, where)
+                        if shown is not None:
+                            return shown
+                        kind = type(value)
+                        tag = value.get(TAG) if kind is dict else None
+                    if tag is not None:
+                        return self.tagged(tag, value, where, depth)
                 except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
                     if self.strict:
                         raise InvalidEncoding(f"unreadable tagged value {tag!r}") from exc
                     return {TRUNCATED: "invalid"}  # only a corrupted store holds such a value
+        if kind is dict:
             marked = self.admit(depth, len(value))
             if marked is not None:
                 return marked
@@ -249,27 +273,40 @@ class _EncodedViewer(_Viewer):
             self.spend_text(value)
         return value
 
+    def link(self, tag: str, value: dict[str, Any], where: Where) -> tuple[Any, Any]:
+        """An object written with an id, referenced, or a flat block standing for its first object:
+        (what to show in its place, None), or (None, its view) when it was shown already."""
+        raw: Any = value.get("v")
+        if tag == "flat":
+            value = raw[0]  # (a block holds objects with ids, the first standing for the block)
+            if type(value) is not dict or value.get(TAG) != "id":
+                raise ValueError(tag)
+            raw = value.get("v")
+        number = value.get("id")
+        if type(number) is not int:
+            raise ValueError(number)
+        if number in self.places:
+            return None, self.ref(number)
+        if tag == "ref":
+            raw = self.definitions.find(number)
+            if raw is _MISSING:
+                raise ValueError(number)
+        if type(raw) is dict and raw.get(TAG) in ("id", "ref", "flat"):
+            raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
+        self.places[number] = where
+        return raw, None
+
     def tagged(self, tag: Any, value: dict[str, Any], where: Where, depth: int) -> Any:
         raw: Any = value.get("v")
-        if tag == "id" or tag == "ref":
-            number = value.get("id")
-            if type(number) is not int:
-                raise ValueError(number)
-            if number in self.places:
-                return self.ref(number)
-            if tag == "ref":
-                raw = self.definitions.find(number)
-                if raw is _MISSING:
-                    raise ValueError(number)
-            if type(raw) is dict and raw.get(TAG) in ("id", "ref"):
-                raise ValueError(number)  # never written so; refused, as such chains are not counted as depth
-            self.places[number] = where
-            return self.show(raw, where, depth)
-        if tag in ("dict", "tuple", "set", "frozenset", "object"):
+        if tag == "self":
+            return {REF: ""}
+        if (tag == "tuple" or tag == "frozenset") and raw == []:
+            return []  # empty ones are shown without a place, at any depth (as ``ValueViewer`` does)
+        if tag in ("dict", "tuple", "set", "frozenset", "object", "deque", "odict", "defaultdict", "counter"):
             marked = self.admit(depth, len(raw))
             if marked is not None:
                 return marked
-            if tag == "tuple":
+            if tag == "tuple" or tag == "deque":
                 return [self.show(v, (where, i), depth + 1) for i, v in enumerate(raw)]
             if tag in ("set", "frozenset"):
                 return self.members(list(raw), where, depth + 1)
@@ -277,8 +314,12 @@ class _EncodedViewer(_Viewer):
             if tag == "object":
                 out["__type__"] = str(value.get("cls", "")).rsplit(".", 1)[-1]
                 if type(raw) is dict and raw.get(TAG) is None:
-                    for key, item in raw.items():
-                        self.field(out, key, item, where, depth + 1)
+                    show = self.show
+                    depth += 1
+                    for key, item in raw.items():  # (``field`` inlined: string keys, one frame less a level)
+                        if key[:1] == "$":
+                            key = "$" + key
+                        out[key] = show(item, (where, key), depth)
                     return out
                 raw = raw["v"]  # attributes with a key named like the tag: written as pairs
             for key, item in raw:
@@ -290,7 +331,7 @@ class _EncodedViewer(_Viewer):
             return dt.timedelta(days=raw[0], seconds=raw[1], microseconds=raw[2]).total_seconds()
         if tag == "bytes":
             return _bytes_view(base64.b64decode(raw))
-        if tag in ("enum", "pickle"):
+        if tag in ("enum", "pickle", "method"):
             return _rebase(value.get("view"), where)
         return raw  # float, datetime, date, time, decimal: already strings
 
@@ -317,9 +358,23 @@ def _rebase(shown: Any, where: Where, depth: int = 0) -> Any:
     return shown
 
 
-def view(value: Any) -> Any:
-    """The JSON view of any Python value (tool results, pickled objects): see the module docstring."""
-    return ValueViewer().show(value, None, 0)
+def view(value: Any, owner: Any = None) -> Any:
+    """The JSON view of any Python value (tool results, pickled objects): see the module docstring.
+    ``owner``: the environment instance, when ``value`` is its state."""
+    viewer = ValueViewer()
+    viewer.owner = owner
+    return viewer.show(value, None, 0)
+
+
+def bound_method(value: Any) -> bool:
+    """Whether a method (or builtin method) is bound to an object: not to a class or a module."""
+    target = value.__self__
+    return target is not None and not isinstance(target, (types.ModuleType, type))
+
+
+def method_view(method: Any) -> str:
+    """A bound method as the view shows it: its class and name (its object is shown where it is)."""
+    return f"<bound method {method.__qualname__}>"
 
 
 def view_encoded(value: Any, *, strict: bool = False) -> Any:
