@@ -149,15 +149,15 @@ def _ms(match: re.Match[str] | None) -> float:
     return float(value)
 
 
-def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Attack]:
+def attacks(http: httpx.Client, victim: httpx.Client, url: str, attacker_run: str) -> dict[str, Attack]:
     store_sid = http.post("/v1/sessions", json={"scenario_id": "store-001"}).json()["session_id"]
     http.post("/v1/environments", json={"env_id": "picky", "class_name": "Picky", "code": LITERAL})
     picky = http.post("/v1/sessions", json={"env_id": "picky"}).json()["session_id"]
     http.post("/v1/environments", json={"env_id": "big", "class_name": "Big", "code": BIG_SET})
-    big = http.post("/v1/sessions", json={"env_id": "big"}).json()["session_id"]
+    big = _created(http.post("/v1/sessions", json={"env_id": "big"}))
     sleepy = http.post("/v1/scenarios", json={"env_id": "big", "task": "t",
                                               "checklist": [{"item": str(i), "check": SLEEPY} for i in range(14)]})
-    sleepy_sid = http.post("/v1/sessions", json={"scenario_id": sleepy.json()["scenario_id"]}).json()["session_id"]
+    sleepy_sid = _created(http.post("/v1/sessions", json={"scenario_id": sleepy.json()["scenario_id"]}))
     checklist = json.dumps({"env_id": "probe", "task": "t", "checklist": [1] * 2_000_000})
     counter = iter(range(10**9))
     http.post("/v1/environments", json={"env_id": "hoard", "class_name": "Hoard", "code": HOARD})
@@ -210,6 +210,27 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
         except OSError:
             return "refused"
 
+    def websocket(key: str | None) -> Callable[[], str]:
+        """Upgrade to an OpenEnv WebSocket and keep it (up to 1,100 per attack)."""
+        port = int(url.rsplit(":", 1)[1])
+        auth = f"authorization: Bearer {key}\r\n" if key else ""
+
+        def fire() -> str:
+            if len(held) >= 1100:
+                time.sleep(0.01)
+                return "held"
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sock.sendall((f"GET /openenv/probe/ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                              f"connection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                              f"sec-websocket-version: 13\r\n{auth}\r\n").encode())
+                status = sock.recv(64).split(b" ", 2)[1].decode()
+            except (OSError, IndexError):
+                return "cut"
+            held.append(sock)
+            return status
+        return fire
+
     def big_head() -> str:
         try:
             with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as sock:
@@ -250,6 +271,8 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
         "call with a 900 KB argument": Attack(big_argument, victim=victim_call),
         "fork n=32 of a 4 MB session": Attack(fork_32, victim=victim_call),
         "3000 idle connections": Attack(idle_socket, victim=victim_listing, cleanup=drop_sockets),
+        "1,100 WebSockets, run-only key": Attack(websocket(attacker_run), victim=victim_listing, cleanup=drop_sockets),
+        "1,100 WebSockets, no key": Attack(websocket(None), victim=victim_listing, cleanup=drop_sockets),
         "8 unfinished 48 MiB heads": Attack(big_head, threads=8, victim=victim_listing),
         "4x GET /state, 560 shared keys": Attack(lambda: http.get(f"/v1/sessions/{shared}/state").status_code,
                                                  threads=4),
@@ -266,6 +289,12 @@ def attacks(http: httpx.Client, victim: httpx.Client, url: str) -> dict[str, Att
             f"/v1/sessions/{spinners[next(spin_turn) % 8]}/calls", json={"name": "spin"}).status_code, threads=8,
             victim=victim_call),
     }
+
+
+def _created(answer: httpx.Response) -> str:
+    if answer.status_code != 201:
+        raise SystemExit(f"bench: could not set up an attack: {answer.status_code} {answer.text[:500]}")
+    return str(answer.json()["session_id"])
 
 
 def main() -> int:
@@ -286,7 +315,8 @@ def main() -> int:
     env["ENVFOUNDRY_MAX_TENANT_BYTES"] = str(64 << 20)  # a fork of 32 copies of 4 MB passes it
     attacker_key, attacker_line = new_key("attacker", ["run", "admin"])
     victim_key, victim_line = new_key("victim", ["run", "admin"])
-    env["ENVFOUNDRY_API_KEYS"] = f"{attacker_line};{victim_line}"
+    run_key, run_line = new_key("attacker", ["run"])
+    env["ENVFOUNDRY_API_KEYS"] = f"{attacker_line};{victim_line};{run_line}"
     prefix = f"efbench-{secrets.token_hex(4)}"
     command = ["taskset", "-c", "1", sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--catalog",
                str(root / "catalog"), "--catalog", str(root / "tests" / "fixtures" / "catalog")]
@@ -305,7 +335,7 @@ def main() -> int:
                             "answers": "", "victim": "-", "rss_mib": _rss_mib(server.pid)})
             with httpx.Client(base_url=url, timeout=120, headers={"authorization": f"Bearer {attacker_key}"}) as http, \
                     httpx.Client(base_url=url, timeout=120, headers={"authorization": f"Bearer {victim_key}"}) as victim:
-                for name, attack in attacks(http, victim, url).items():
+                for name, attack in attacks(http, victim, url, run_key).items():
                     if args.only and args.only not in name:
                         continue
                     results.append(_under(url, name, attack, args.seconds, server.pid))

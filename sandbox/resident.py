@@ -41,6 +41,11 @@ COMPACT_FLOOR = 16 * 1024
 HIDDEN_FIELD = field(HIDDEN)
 
 
+# Where the stored state names the instance's class when a tool assigned another (``self.__class__ =
+# X``): never an attribute's name, since ``__class__`` is not kept in an instance's ``__dict__``.
+CLASS_FIELD = "__class__"
+
+
 def public_state(instance: Any) -> dict[str, Any]:
     """The instance's attributes, all of them: private and dunder names too (``self.__version__``
     set in a tool), as pickle keeps them; a rebuild must give each one back."""
@@ -182,10 +187,18 @@ class LiveSession:
         """What is stored of the session: the instance's attributes and, once it has drawn, its
         randomness (last: it is new after the attributes, and a tree's parts keep their order)."""
         state = public_state(self.instance)
+        if type(self.instance) is not self.cls:  # a tool assigned ``self.__class__``: a rebuild must too
+            state[CLASS_FIELD] = type(self.instance).__qualname__
         self.hidden = self.stream.current()
         if self.hidden is not None:
             state[HIDDEN] = self.hidden
         return state
+
+    def _take_class(self) -> None:
+        """Give the rebuilt instance the class the stored state names, if a tool changed it."""
+        name = self.instance.__dict__.pop(CLASS_FIELD, None)
+        if isinstance(name, str):
+            self.instance.__class__ = resolver(self.module)(name)
 
     def _from_template(self, request: dict[str, Any]) -> bool:
         """Become the stored state from the template's instance this process was forked from, by
@@ -207,6 +220,7 @@ class LiveSession:
             stored = _hidden_field(fields.get(HIDDEN_FIELD))
             self.stream.begin(request, stored)
             apply(vars(self.instance), {k: v for k, v in fields.items() if k != HIDDEN_FIELD}, decode)
+            self._take_class()
             self._sync()
         except (DeltaError, Unwatched, codec.CodecError, ValueError, TypeError, KeyError, RecursionError):
             return False
@@ -236,6 +250,7 @@ class LiveSession:
         self.stream.begin(request, state.get(HIDDEN))
         self.hidden = self.stream.value
         self.instance.__dict__.update((k, v) for k, v in state.items() if k != HIDDEN)
+        self._take_class()
         self._remember(text, state)  # (in the text's order, its randomness where the text has it)
 
     def _remember(self, text: str, state: dict[str, Any]) -> None:
