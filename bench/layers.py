@@ -33,6 +33,7 @@ async def measure(requirement: str, repeat: int) -> None:
         wheels = Path(scratch) / "wheels"
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--dest",
                         str(wheels), requirement], check=True, timeout=600)
+        wheels.chmod(0o755)  # (pip runs as a uid of its own, which must read the wheelhouse)
         pins = AllowList([requirement]).pins([requirement])
         build, restart, memory = [], [], []
         for i in range(repeat):

@@ -13,7 +13,7 @@ the same tokens its ``__init__`` drew. So:
   seeded from the session's seed instead.
 - ``Stream`` is a session's randomness: the ``random`` module's state and, when seeded, that
   generator's. Once the session has drawn, both are kept in the stored state under ``HIDDEN``,
-  a key no attribute can have (``public_state`` leaves dunder names out), which the state's
+  a key the service keeps to itself, which the state's
   view and check functions never see. A rebuilt session goes on from there, as one process
   would. A stream is named by a tag the service gives each session (a fork keeps its parent's,
   a reseeded fork and each member of a group get their own): a stored stream of another tag (the
@@ -39,6 +39,10 @@ _WORDS = struct.Struct("<625I")  # a Mersenne Twister's state, as ``random.getst
 _generator: random.Random | None = None  # in a seeded session: what the OS sources draw from
 _draws = 0  # draws from the OS sources (and unseeded ``random.Random``\\ s) in this process
 _installed = False
+# The module's generator was seeded by environment code with a value of its own: its stream is then
+# marked (its tag starts with ``CHOSEN``) and carried to every session that starts from it.
+_chosen = False
+CHOSEN = "="
 
 
 def derived(seed: int, index: int) -> int:
@@ -56,6 +60,7 @@ def install() -> None:
     system_urandom = os.urandom
     plain_seed = random.Random.seed
     plain_uuid1 = uuid.uuid1
+    module_seed = random.seed
 
     def urandom(size: int, /) -> bytes:
         global _draws
@@ -79,7 +84,14 @@ def install() -> None:
         _draws += 1
         return plain_uuid1(node, clock_seq)
 
+    def seed_module(a: Any = None, version: int = 2) -> None:
+        global _chosen
+        if a is not None:
+            _chosen = True
+        module_seed(a, version)
+
     urandom.__doc__ = system_urandom.__doc__
+    random.seed = seed_module  # (``random.seed`` is bound to the module's generator at import)
     os.urandom = urandom
     random._urandom = urandom  # type: ignore[attr-defined]  # SystemRandom and secrets draw here
     random.Random.seed = seed  # type: ignore[method-assign]
@@ -102,13 +114,19 @@ class Stream:
         """Set this process's randomness for the session of ``request``: the ``stored`` stream (the
         value under ``HIDDEN``) if it is the session's, else a new one, from the request's
         ``seed`` if it has one. A request naming no stream (``random``) takes any stored one."""
-        global _generator
+        global _generator, _chosen
         tag = request.get("random")
         tag = tag if type(tag) is str else None
         seed = request.get("seed")
         found = _unpack(stored) if type(stored) is str else None
-        if found is not None and (tag is None or found[0] == tag) and _restore(found[1], found[2]):
+        # A stream the environment seeded itself (``random.seed(42)``) is what a plain process would
+        # go on with, whichever session holds it: a group's member or a fork, unless given a seed.
+        chosen = found is not None and found[0].startswith(CHOSEN) and type(seed) is not int
+        _chosen = False
+        own = found is not None and (tag is None or found[0].removeprefix(CHOSEN) == tag)
+        if found is not None and (own or chosen) and _restore(found[1], found[2]):
             tag = found[0]
+            _chosen = tag.startswith(CHOSEN)
             self.value = stored
         else:
             if type(seed) is int:
@@ -117,6 +135,7 @@ class Stream:
             else:
                 random.seed()  # (a fresh process's own: the fork was reseeded, but say so)
                 _generator = None
+            _chosen = False  # (the service's seeding, not the environment's)
             # Another stream's (a group's shared initial state): kept as stored until this one draws.
             self.value = stored if type(stored) is str else None
         self.tag = tag
@@ -127,7 +146,10 @@ class Stream:
         states = _states()
         if states != self.states:
             self.states = states
-            self.value = _pack(self.tag or "", states)
+            tag = self.tag or ""
+            if _chosen and not tag.startswith(CHOSEN):
+                tag = self.tag = CHOSEN + tag
+            self.value = _pack(tag, states)
         return self.value
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool import EnvCode, WorkerPool
-from sandbox.resident import instantiate, public_state
+from sandbox.resident import CLASS_FIELD, instantiate, public_state
 from tests.sandbox.test_residents import Stored
 
 pytestmark = pytest.mark.anyio
@@ -80,12 +80,17 @@ class Plain:
         sys.modules[self.module.__name__] = self.module
         exec(compile(code, f"<plain {class_name}>", "exec"), self.module.__dict__)
         self.instance = instantiate(getattr(self.module, class_name), {})
+        self.class_name = class_name
 
     def call(self, name: str, **arguments: Any) -> Any:
         return getattr(self.instance, name)(**arguments)
 
     def state(self) -> dict[str, Any]:
-        return public_state(self.instance)
+        """What the service stores of it: its attributes, and its class where a tool changed it."""
+        state = public_state(self.instance)
+        if type(self.instance).__name__ != self.class_name:
+            state[CLASS_FIELD] = type(self.instance).__qualname__
+        return state
 
 
 async def _calls(pool: WorkerPool, env: EnvCode, plain: Plain, stored: Stored, session: str,
@@ -118,4 +123,4 @@ async def test_a_tool_on_an_instance_given_another_class_is_not_taken_for_read_o
         stored = Stored(await pool.init_state(env, {}, "s1"))
         await _calls(pool, env, plain, stored, "s1",
                      [("balance_of", {}), ("freeze", {}), ("balance_of", {}), ("withdraw", {}), ("balance_of", {})])
-        assert plain.state() == {"balance": 10, "reads": 2}
+        assert plain.state() == {"balance": 10, "reads": 2, CLASS_FIELD: "FrozenAccount"}

@@ -37,6 +37,7 @@ def mpmath_allowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     wheels = tmp_path_factory.mktemp("mpmath-wheels")
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--dest",
                     str(wheels), "mpmath==1.3.0"], check=True, timeout=300)
+    wheels.chmod(0o755)  # (pip runs as a uid of its own, which must read the wheelhouse)
     return {"ENVFOUNDRY_ALLOWED_REQUIREMENTS": "mpmath", "ENVFOUNDRY_WHEELHOUSE": str(wheels),
             "ENVFOUNDRY_LAYERS_DIR": str(tmp_path_factory.mktemp("layers"))}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import secrets
 import sys
 import types
@@ -324,6 +325,76 @@ class Shop:
         self.orders[Order.next_id] = "placed"
         return Order.next_id
 ''', "Shop"),
+    "class-level dict changed through self": ('''
+class Registry:
+    entries = {}
+
+    def __init__(self):
+        self.count = 0
+
+    def register(self, key: str) -> int:
+        """Register a key."""
+        self.entries[key] = True
+        return len(self.entries)
+''', "Registry"),
+    "mutable default argument": ('''
+class Tags:
+    def __init__(self):
+        self.n = 0
+
+    def tag(self, name: str, seen: list = []) -> int:
+        """Tag something."""
+        seen.append(name)
+        return len(seen)
+''', "Tags"),
+    "module constant changed": ('''
+ITEMS = []
+
+
+class Cart:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, item: str) -> int:
+        """Add an item."""
+        ITEMS.append(item)
+        return len(ITEMS)
+''', "Cart"),
+    "method replaced at run time": ('''
+class Shop:
+    def __init__(self):
+        self.sales = 0
+
+    def price(self) -> int:
+        """The price."""
+        return 10
+
+    def discounted(self) -> int:
+        return 5
+
+    def sale(self) -> str:
+        """Start a sale."""
+        type(self).price = Shop.discounted
+        return "on sale"
+''', "Shop"),
+    "lru_cache on a method": ('''
+import functools
+
+
+class Rates:
+    def __init__(self):
+        self.base = 1
+
+    @functools.lru_cache
+    def rate(self, n: int) -> int:
+        """A rate."""
+        return self.base * n
+
+    def raise_base(self) -> int:
+        """Raise the base."""
+        self.base += 1
+        return self.base
+''', "Rates"),
 }
 
 
@@ -419,10 +490,27 @@ def test_every_call_and_every_fork_answers_as_the_class_run_plainly(http: httpx.
     http.delete(f"/v1/sessions/{session}")
 
 
+@pytest.mark.parametrize("kind", ["set order", "back-references", "a seeded generator", "bound methods in state"])
+def test_group_members_and_forks_of_forks_answer_as_the_class_run_plainly(http: httpx.Client, kind: str) -> None:
+    case = CASES[kind]
+    added = _added(http, case.code, case.class_name)
+    assert added.status_code == 201, added.text
+    plain = in_process(case, case.calls)
+    group = http.post("/v1/sessions", json={"env_id": added.json()["env_id"], "n": 2, "group_seeds": "same"})
+    assert group.status_code == 201, group.text
+    for member in group.json()["session_ids"]:
+        assert served(http, member, case.calls) == plain
+    session = group.json()["session_ids"][0]
+    first = http.post(f"/v1/sessions/{session}/fork", json={"step": 1}).json()["session_id"]
+    assert served(http, first, case.calls[1:2]) == plain[1:2]
+    second = http.post(f"/v1/sessions/{first}/fork").json()["session_id"]  # a fork of a fork, at its step 2
+    assert served(http, second, case.calls[2:]) == plain[2:]
+
+
 @pytest.mark.parametrize("kind", sorted(REFUSED))
 def test_state_outside_the_instance_is_refused_when_added(http: httpx.Client, kind: str) -> None:
     code, class_name = REFUSED[kind]
     refused = _added(http, code, class_name)
     assert refused.status_code == 422, refused.text
-    assert "state_outside_instance" in refused.text
-    assert "line" in refused.json()["detail"] and "self" in refused.json()["detail"]
+    detail = refused.json()["detail"]
+    assert "state_outside_instance" in refused.text and re.search(r"line \d+: `", detail), detail
