@@ -16,7 +16,8 @@ COPY sandbox/__init__.py sandbox/worker.py sandbox/runtime.py sandbox/envhost.py
 RUN python3 -m compileall -q /opt/envfoundry/sandbox
 USER 65534:65534
 WORKDIR /tmp
-ENTRYPOINT ["python3", "-S", "-E", "-s", "-B", "/opt/envfoundry/sandbox/worker.py", "--container"]
+# (no -E: the service sets the container's whole environment, PYTHONHASHSEED included)
+ENTRYPOINT ["python3", "-S", "-s", "-B", "/opt/envfoundry/sandbox/worker.py", "--container"]
 
 FROM ${BASE_IMAGE} AS service
 # Offline builds put the project's wheel and its dependencies in wheelhouse (scripts/docker-images

@@ -230,7 +230,7 @@ class DockerBackend:
                 detach=False,
                 auto_remove=True,
                 tty=False,
-                environment={},
+                environment={"PYTHONHASHSEED": str(limits.hash_seed)},
                 network_mode="none",
                 read_only=True,
                 tmpfs={"/tmp": f"{tmp_options(limits.tmp_mb, limits.tmp_inodes)},noexec,nosuid,nodev"},

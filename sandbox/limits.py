@@ -65,6 +65,12 @@ class Limits:
     # (the service keeps it within the session TTL: a live session never outlives its stored session)
     resident_idle: float = _limit(600.0, "Seconds an unused live session keeps its process.",
                                   flag="--resident-idle")
+    # Python randomises str and bytes hashes per process, so a set of strings iterates in another
+    # order in every worker: one seed for every worker of every replica keeps a session's set
+    # order through rebuilds, as one process would (the sandbox bounds a call's time, which is what
+    # randomised hashes defend against).
+    hash_seed: int = _limit(0, "PYTHONHASHSEED of every sandbox worker (the same on every replica).",
+                            setting="hash_seed", ge=0, le=4294967295)
     # the package layers' folder, readable (read-only) by every worker; empty: none
     layers_root: str = _limit("", "Folder of the package layers environments may use.", flag="--layers-root")
 

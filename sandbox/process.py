@@ -158,7 +158,8 @@ class ProcessBackend:
     async def _start(self, uid: int, cgroup: str | None, why_not: str, limits: Limits,
                      lend_fd: int) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
-            self.python, "-S", "-E", "-s", "-B", str(WORKER),
+            # (no -E: the environment is exactly WORKER_ENV, and it carries PYTHONHASHSEED)
+            self.python, "-S", "-s", "-B", str(WORKER),
             "--uid", str(uid), "--gid", str(uid), *limits.worker_flags(),
             *(("--cgroup", cgroup) if cgroup else ("--cgroup-missing", why_not)),
             *(() if self.contain else ("--no-contain",)),
@@ -167,7 +168,7 @@ class ProcessBackend:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
-            env=WORKER_ENV,
+            env={**WORKER_ENV, "PYTHONHASHSEED": str(limits.hash_seed)},
             cwd="/",
             limit=1 << 20,
         )

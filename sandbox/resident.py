@@ -187,6 +187,10 @@ class LiveSession:
         """What is stored of the session: the instance's attributes and, once it has drawn, its
         randomness (last: it is new after the attributes, and a tree's parts keep their order)."""
         state = public_state(self.instance)
+        for reserved in (HIDDEN, CLASS_FIELD):  # (stored beside the attributes: one of theirs would be lost)
+            if reserved in state:
+                raise Failure(TOOL_EXCEPTION, f"the attribute name {reserved!r} is reserved for the session's "
+                                              "stored state: name the attribute otherwise")
         if type(self.instance) is not self.cls:  # a tool assigned ``self.__class__``: a rebuild must too
             state[CLASS_FIELD] = type(self.instance).__qualname__
         self.hidden = self.stream.current()

@@ -13,7 +13,8 @@ WebSocket. Service errors stay ``ServiceError``s here; each transport renders th
 Mapping onto OpenEnv's shapes:
 
 - ``reset`` takes ``scenario_id`` or ``seed`` (the scenario at ``seed`` modulo the number of the
-  environment's scenarios, in id order; neither means seed 0), ``mode`` (``task`` or
+  environment's scenarios, in id order; neither means seed 0; a seed given also seeds the
+  episode's randomness, as ``POST /v1/sessions`` does), ``mode`` (``task`` or
   ``conversation``), or ``episode_id`` to continue an episode where it is.
 - ``step`` takes ``{"type": "call_tool", "tool_name", "arguments"}``, ``{"type": "list_tools"}``
   or, in conversation mode, ``{"type": "send_message", "content"}``. Its ``reward`` is the
@@ -34,6 +35,7 @@ from service import calls
 from service.catalog import Environment, Scenario
 from service.problems import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
 from service.scenario_index import ScenarioQuery
+from service.schemas import MAX_SEED
 from service.sessions import Applied, Sessions
 from service.store import Snapshot
 
@@ -137,8 +139,11 @@ class Episodes:
             raise InvalidRequest("mode must be 'task' or 'conversation'", field="mode")
         env = await self.environment()
         scenario, seed = await self._chosen(data)
+        # As gymnasium's reset(seed=...) does, a seed the caller gave also makes the episode's draws
+        # reproducible (the session's seed); without one, its draws are its own.
+        drawn = data.get("seed")
         if current is not None:
-            kept = await self._fresh(current, scenario, mode)
+            kept = await self._fresh(current, scenario, mode, drawn)
             if kept is not None:
                 return Opened(current, await self._continued(kept))
         init_config = data.get("init_config")
@@ -147,12 +152,14 @@ class Episodes:
                                  "brings its own", field="init_config")
         scenario_id = scenario.scenario_id if scenario else None
         try:
-            created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant)
+            created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant,
+                                               seed=drawn)
         except QuotaExceeded:
             if current is None or not owned:
                 raise
             await self.end(current)
-            created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant)
+            created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant,
+                                               seed=drawn)
         meta = created.meta
         observation = self._opening(env, scenario, meta.session_id, mode, meta.opening, step=0)
         observation["seed"] = seed
@@ -170,21 +177,23 @@ class Episodes:
                 raise InvalidRequest(f"scenario '{scenario_id}' is of environment '{scenario.env_id}', not "
                                      f"'{self.env_id}'", field="scenario_id")
             return scenario, None
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise InvalidRequest("seed must be an integer of 0 or more", field="seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+            raise InvalidRequest(f"seed must be an integer from 0 to {MAX_SEED}", field="seed")
         scenarios = await self.scenarios()
         if not scenarios:
             return None, None
         seed = seed or 0
         return scenarios[seed % len(scenarios)], seed
 
-    async def _fresh(self, current: str, scenario: Scenario | None, mode: str) -> Snapshot | None:
+    async def _fresh(self, current: str, scenario: Scenario | None, mode: str,
+                     seed: int | None) -> Snapshot | None:
         try:
             snap = await self.episode(current)
         except ServiceError:
             return None
         meta = snap.meta
-        same = scenario is not None and meta.scenario_id == scenario.scenario_id and meta.mode == mode
+        same = scenario is not None and meta.scenario_id == scenario.scenario_id and meta.mode == mode \
+            and meta.seed == seed
         return snap if same and meta.step == 0 else None
 
     async def _continued(self, snap: Snapshot) -> dict[str, Any]:

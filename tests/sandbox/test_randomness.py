@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -170,3 +172,65 @@ async def test_checks_and_the_state_never_show_the_randomness(pool_factory: Any)
                   f"{HIDDEN!r} not in initial_state and final_state['count'] == 0"]
         (verdict,) = await pool.score(PLAIN, session.state, session.state, checks)
         assert verdict == {"passed": True, "error": None}
+
+
+RESERVED = EnvCode("random-reserved", "random_reserved", "Shadow", '''
+class Shadow:
+    def __init__(self, config=None):
+        self.count = 0
+
+    def shadow(self) -> int:
+        self.count += 1
+        self.__random__ = "mine"
+        return self.count
+
+    def bump(self) -> int:
+        self.count += 1
+        return self.count
+''')
+
+
+async def test_an_attribute_named_as_the_stored_randomness_fails_its_call_and_changes_nothing(
+        pool_factory: Any) -> None:
+    async with pool_factory(size=1) as pool:
+        session = await Session(pool, RESERVED, "a", "a").start()
+        outcome = await pool.session_call(RESERVED, "a", 0, _stored(session), "shadow", {}, stream="a")
+        assert not outcome.ok and outcome.error is not None and HIDDEN in outcome.error["message"]
+        assert "reserved" in outcome.error["message"]
+        assert await session.call("bump") == 1  # the failed call's write was rolled back with it
+
+
+def _stored(session: Session) -> Any:
+    async def stored() -> str:
+        return session.state
+    return stored
+
+
+WORDS = EnvCode("string-set", "string_set", "Words", '''
+class Words:
+    def __init__(self, config=None):
+        self.words = {"kiwi", "fig"}
+
+    def add(self) -> list:
+        for word in ("apple", "pear", "plum", "lime", "date", "yuzu"):
+            self.words.add(word)
+        return list(self.words)
+
+    def listed(self) -> list:
+        return list(self.words)
+''')
+
+
+async def test_a_set_of_strings_keeps_its_order_in_every_worker(pool_factory: Any) -> None:
+    """str hashes are randomised per process unless PYTHONHASHSEED is set: every worker shares one,
+    so a set rebuilt in another worker iterates as it did where it was built."""
+    async with pool_factory(size=2, hash_seed=1) as pool:
+        session = await Session(pool, WORDS, "a", "a").start()
+        built = await session.call("add")
+        listed = {tuple(await session.call("listed", rebuild=True)) for _ in range(6)}  # workers in turn
+        assert listed == {tuple(built)}
+        plain = subprocess.run(
+            [sys.executable, "-c", "w = {'kiwi', 'fig'}\nfor x in ('apple', 'pear', 'plum', 'lime', 'date', 'yuzu'): "
+                                   "w.add(x)\nprint(list(w))"],
+            env={"PYTHONHASHSEED": "1"}, capture_output=True, text=True, check=True).stdout
+        assert plain.strip() == str(built)  # as a plain process with that PYTHONHASHSEED has it

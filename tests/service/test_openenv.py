@@ -8,6 +8,7 @@ HTTP, error cases and keys are driven from here with httpx and a plain WebSocket
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,3 +249,42 @@ def test_a_killed_replica_mid_episode_is_continued_on_another(replicas: tuple[Se
     assert dead["failed"] is True
     assert resumed["observation"]["episode_id"] == started["episode_id"] and resumed["observation"]["step"] == 1
     assert [s["observation"]["step"] for s in rest] == [2, 3] and rest[-1]["reward"] == 1.0
+
+
+DICE = '''
+import random
+
+
+class Dice:
+    def __init__(self):
+        self.rolled = []
+
+    def roll(self) -> int:
+        """Roll a die."""
+        value = random.randint(1, 10**9)
+        self.rolled.append(value)
+        return value
+'''
+
+
+def test_a_reset_seed_makes_the_episode_reproducible_as_gymnasium_reset_does(server: Server) -> None:
+    env_id = f"dice_{secrets.token_hex(4)}"
+    added = httpx.post(f"{server.url}/v1/environments", json={"env_id": env_id, "class_name": "Dice", "code": DICE})
+    assert added.status_code == 201, added.text
+
+    def rolls(reset: dict[str, Any]) -> list[int]:
+        with httpx.Client(base_url=base(server, env_id), timeout=30) as http:
+            episode = http.post("/reset", json=reset).json()["observation"]["episode_id"]
+            action = {"type": "call_tool", "tool_name": "roll", "arguments": {}}
+            return [http.post("/step", json={"action": action, "episode_id": episode}).json()["observation"]["result"]
+                    for _ in range(3)]
+
+    assert rolls({"seed": 7}) == rolls({"seed": 7})
+    assert rolls({"seed": 7}) != rolls({"seed": 8})
+    assert rolls({}) != rolls({})  # without a seed, each episode draws its own
+    with connect(ws_url(server, env_id)) as ws:  # a fresh episode of another seed is not kept for it
+        first = exchange(ws, {"type": "reset", "data": {"seed": 7}})["data"]["observation"]["episode_id"]
+        second = exchange(ws, {"type": "reset", "data": {"seed": 8}})["data"]["observation"]["episode_id"]
+        assert first != second
+    too_big = httpx.post(f"{base(server, env_id)}/reset", json={"seed": 2**63})
+    assert too_big.status_code == 422 and too_big.json()["field"] == "seed"

@@ -514,3 +514,58 @@ def test_state_outside_the_instance_is_refused_when_added(http: httpx.Client, ki
     assert refused.status_code == 422, refused.text
     detail = refused.json()["detail"]
     assert "state_outside_instance" in refused.text and re.search(r"line \d+: `", detail), detail
+
+
+@pytest.fixture
+def replicas(redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Two replicas on one Redis: ``live`` keeps sessions in their processes, ``cold`` keeps none
+    (every call it serves rebuilds); ``restart`` replaces ``live`` with a new process."""
+    env = {"ENVFOUNDRY_KEY_PREFIX": f"eftest-{secrets.token_hex(4)}"}
+    started = {"live": start_server(tmp_path, redis_url=redis_url, extra_env=env),
+               "cold": start_server(tmp_path, redis_url=redis_url, extra_env={**env, "ENVFOUNDRY_RESIDENTS": "0"})}
+
+    def restart() -> None:
+        started["live"].stop()
+        started["live"] = start_server(tmp_path, redis_url=redis_url, extra_env=env)
+
+    yield {"servers": started, "restart": restart}
+    for server in started.values():
+        server.stop()
+    drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
+
+
+def _state(server: Server, session: str, step: int | None = None) -> Any:
+    params = {} if step is None else {"step": step}
+    shown = httpx.get(f"{server.url}/v1/sessions/{session}/state", params=params, timeout=60)
+    assert shown.status_code == 200, shown.text
+    return shown.json()["state"]
+
+
+def test_replicas_taking_turns_and_a_restart_half_way_answer_as_the_class_run_plainly(
+        replicas: dict[str, Any]) -> None:
+    """Every case at once: calls alternate between a replica keeping the session live and one that
+    rebuilds it for every call, the live one is restarted half way through every session, and the
+    state after every step, shown later by either replica, is what it was when that step was made."""
+    servers = replicas["servers"]
+    sessions: dict[str, str] = {}
+    with servers["live"].client() as http:
+        for kind, case in CASES.items():
+            added = _added(http, case.code, case.class_name)
+            assert added.status_code == 201, added.text
+            sessions[kind] = http.post("/v1/sessions", json={"env_id": added.json()["env_id"]}).json()["session_id"]
+    shown = {kind: [_state(servers["live"], session)] for kind, session in sessions.items()}
+    answers: dict[str, list[Any]] = {kind: [] for kind in CASES}
+    longest = max(len(case.calls) for case in CASES.values())
+    for step in range(longest):
+        if step == longest // 2:
+            replicas["restart"]()
+        server = servers["live" if step % 2 == 0 else "cold"]
+        with server.client() as http:
+            for kind, case in CASES.items():
+                if step < len(case.calls):
+                    answers[kind] += served(http, sessions[kind], case.calls[step:step + 1])
+                    shown[kind].append(_state(server, sessions[kind]))
+    for kind, case in CASES.items():
+        assert answers[kind] == in_process(case, case.calls), kind
+        for server in servers.values():
+            assert [_state(server, sessions[kind], k) for k in range(len(case.calls) + 1)] == shown[kind], kind
