@@ -137,9 +137,9 @@ class Lender:
 
     def _remove(self) -> None:
         self.listener.close()
-        for remove in (lambda: os.unlink(self.path), lambda: os.rmdir(self.folder)):
+        for remove, path in ((os.unlink, self.path), (os.rmdir, self.folder)):
             try:
-                remove()
+                remove(path)
             except OSError:
                 pass
 

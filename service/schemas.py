@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -12,8 +12,11 @@ from service.catalog import LABEL_PATTERN, MAX_TAGS
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-# The tool-error types of the contract, as ``sandbox.answers.ToolError`` defines them.
-ErrorType = Literal[tuple(kind.value for kind in ToolError)]  # type: ignore[valid-type]
+# The tool-error types of the contract, as ``sandbox.answers.ToolError`` defines them (spelled out
+# so that type checkers see them; the assertion keeps the two lists one).
+ErrorType = Literal["unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit",
+                    "sandbox_error"]
+assert get_args(ErrorType) == tuple(kind.value for kind in ToolError), "ErrorType must list ToolError's values"
 
 
 class Strict(BaseModel):
