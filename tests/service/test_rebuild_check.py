@@ -114,3 +114,23 @@ def test_a_class_that_keeps_everything_on_the_instance_validates(tmp_path: Path)
     code = ALIASED.replace("self.stock = DEFAULT_STOCK", "self.stock = dict(DEFAULT_STOCK)")
     result = run("catalog", "validate", str(_catalog(tmp_path, code)))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_timestamp_in_the_state_does_not_hide_what_a_rebuild_loses(tmp_path: Path) -> None:
+    """Two live runs differ at the timestamp; the rebuilt run also differs in an answer that both
+    live runs agree on: that is reported, and the timestamp is not."""
+    code = "import time\n" + CLOSURE.replace("        self.sold += 1\n", "        self.sold += 1\n"
+                                               "        self.stamp = time.time()\n")
+    result = run("catalog", "validate", str(_catalog(tmp_path, code)))
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "rebuild changes the results" in line]
+    assert "reference_solution[1] sell answered" in line and "stamp" not in line, line
+
+
+def test_a_class_whose_only_difference_is_a_timestamp_validates_with_a_note(tmp_path: Path) -> None:
+    code = "import time\n" + ALIASED.replace("self.stock = DEFAULT_STOCK", "self.stock = dict(DEFAULT_STOCK)") \
+        .replace("        self.sold += 1\n", "        self.sold += 1\n        self.stamp = time.time()\n")
+    result = run("catalog", "validate", str(_catalog(tmp_path, code)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "differ between two live runs too (the final state at /stamp); everything else is the same" \
+        in result.stdout, result.stdout
