@@ -21,6 +21,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,15 @@ class Scenario:
     unchanged_is_correct: bool = False
     split: str | None = None
     tags: tuple[str, ...] = ()
+    label: str = ""  # a name its adder gave this version (not part of the content)
+    added_at: float = 0.0  # when this version was added over the API (0: a loaded catalog's)
+
+    @cached_property
+    def version(self) -> str:
+        """The digest of what the scenario is: its environment, initial state, task, checks and
+        reference solution (labels such as ``split`` and ``tags`` are not part of it)."""
+        data = self.to_json()
+        return content_digest({k: data.get(k) for k in VERSIONED_FIELDS})
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -205,6 +215,8 @@ class Environment:
     requirements: list[str] = field(default_factory=list)  # packages it declares (PEP 508)
     imports: list[str] = field(default_factory=list)  # what the code imports beyond the standard library
     layers: tuple[str, ...] = ()  # where its requirements are installed, once they are (``service.layers``)
+    label: str = ""  # a name its adder gave this version (``env_id@label``)
+    added_at: float = 0.0  # when this version was added over the API (0: a loaded catalog's)
 
     @property
     def code_hash(self) -> str:
@@ -213,6 +225,14 @@ class Environment:
         if self.requirements:  # (an environment without requirements keeps the hash it always had)
             text += "\0" + "\0".join(self.requirements)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    @cached_property
+    def version(self) -> str:
+        """The digest of what the environment is: its code, the tools its schema shows, its rules and
+        what it requires. Names one version of ``env_id`` for ever (``env_id@<digest prefix>``)."""
+        return content_digest({"class_name": self.class_name, "code": self.code, "tools": self.tools,
+                               "summary": self.summary, "introduction": self.introduction, "rules": self.rules,
+                               "requirements": self.requirements})
 
     @property
     def tool_names(self) -> set[str]:
@@ -239,6 +259,15 @@ class Environment:
         if self.requirements:
             data["requirements"] = list(self.requirements)
         return data
+
+
+VERSIONED_FIELDS = ("env_id", "task", "init_config", "checklist", "reference_solution", "unchanged_is_correct")
+
+
+def content_digest(data: Any) -> str:
+    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces): the same content, the same digest."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def new_scenario_id() -> str:
