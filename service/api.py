@@ -129,6 +129,12 @@ async def get_environment(env_id: str, who: Principal = Run,
     return _env_detail(await reg.environment(env_id, who.tenant))
 
 
+@router.get("/v1/catalog/manifest", response_model=schemas.CatalogManifest, tags=["environments"])
+async def catalog_manifest(request: Request, who: Principal = Run) -> schemas.CatalogManifest:
+    """The version of everything the loaded catalogs serve (what API tenants added is not part of it)."""
+    return schemas.CatalogManifest.model_validate(request.app.state.manifest)
+
+
 @router.get("/v1/environments/{env_id}/versions", response_model=schemas.EnvironmentVersions, tags=["environments"])
 async def list_environment_versions(env_id: str, who: Principal = Run,
                                     reg: Registry = Depends(registry)) -> schemas.EnvironmentVersions:

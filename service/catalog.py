@@ -378,6 +378,7 @@ class Catalog:
         self.environments: dict[str, Environment] = {}
         self.scenarios: dict[str, Scenario] = {}
         self.problems: list[str] = []
+        self.origins: dict[str, Path] = {}  # env_id -> the catalog folder it was loaded from
         # Bumped on every change, so indexes built over the catalog know when to rebuild.
         self.version = 0
 
@@ -439,6 +440,7 @@ class Catalog:
             try:
                 env, scenarios, problems = read_package(folder)
                 self.add_environment(env)
+                self.origins.setdefault(env.env_id, root.resolve())
             except CatalogError as exc:
                 self.problems.append(f"{exc.path or folder}: {exc.message} (package skipped)")
                 continue

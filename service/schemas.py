@@ -37,6 +37,15 @@ class EnvironmentVersion(BaseModel):
                                                       "from the version before it.")
 
 
+class CatalogManifest(BaseModel):
+    digest: str = Field(description="One digest of every version below: two services serve the same catalogs "
+                                    "exactly when theirs agree.")
+    environments: dict[str, str] = Field(description="The version of each environment the loaded catalogs serve.")
+    scenarios: dict[str, str] = Field(description="The version of each scenario the loaded catalogs serve.")
+    drift: list[str] = Field(description="How the loaded folders differ from their lock files "
+                                         "(envfoundry catalog lock); empty when they agree or have none.")
+
+
 class EnvironmentVersions(BaseModel):
     env_id: str
     versions: list[EnvironmentVersion] = Field(description="Oldest first.")

@@ -16,6 +16,7 @@ import httpx
 
 from tests.conftest import BUNDLED, Server, drop_keys, start_server
 from tests.service.test_api import call, new_session, problem
+from tests.service.test_cli import run
 
 V1 = '''
 class Counter:
@@ -131,10 +132,14 @@ def test_a_restart_serving_changed_files_keeps_sessions_on_the_code_they_started
     def serve() -> Server:
         return start_server(tmp_path, redis_url=redis_url, extra_env=env, catalogs=(catalog,))
 
+    locked = run("catalog", "lock", str(catalog))
+    assert locked.returncode == 0, locked.stderr
     server = serve()
     try:
         with server.client() as http:
             before = http.get("/v1/environments/library_circulation").json()["version"]
+            first = http.get("/v1/catalog/manifest").json()
+            assert first["drift"] == [] and first["environments"] == {"library_circulation": before}
             old = new_session(http, scenario_id="lib-001")
         server.stop()
         code = catalog / "library_circulation" / "env.py"
@@ -150,6 +155,11 @@ def test_a_restart_serving_changed_files_keeps_sessions_on_the_code_they_started
             new = new_session(http, scenario_id="lib-001")
             assert http.get(f"/v1/sessions/{new}").json()["env_version"] == after
             assert "Find a member." in _described(http, new, "get_member")
+            now = http.get("/v1/catalog/manifest").json()
+            assert now["digest"] != first["digest"]
+            assert now["drift"] == [f"{catalog}: environment 'library_circulation' is locked at {before[:12]} but "
+                                    f"serves {after[:12]}"]
+        assert f"catalog drift: {catalog}: environment 'library_circulation'" in server.log.read_text()
     finally:
         server.stop()
         drop_keys(redis_url, prefix)
@@ -158,3 +168,14 @@ def test_a_restart_serving_changed_files_keeps_sessions_on_the_code_they_started
 def _described(http: httpx.Client, session: str, tool: str) -> str:
     listed = http.get(f"/v1/sessions/{session}/tools").json()["tools"]
     return str(next(t["function"]["description"] for t in listed if t["function"]["name"] == tool))
+
+
+def test_the_bundled_catalog_is_served_as_its_lock_file_says() -> None:
+    """A change to the bundled catalog comes with `envfoundry catalog lock catalog`, or this fails."""
+    from service.catalog import Catalog
+    from service.manifest import LOCK_FILE, drift
+
+    assert (BUNDLED / LOCK_FILE).is_file()
+    catalog = Catalog()
+    catalog.load_dir(BUNDLED)
+    assert drift(BUNDLED, catalog) == []
