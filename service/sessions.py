@@ -56,6 +56,7 @@ from service.store import (
 )
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
+from service.versions import split
 
 TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
 DIGEST_TEXT_BYTES = 64 << 20  # initial states whose digest is kept, by the size of their texts
@@ -142,7 +143,9 @@ class Sessions:
         """Create ``n`` sessions sharing one initial state (all or none); with ``seed``, every draw
         is reproducible (see ``_streams`` for a group's)."""
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
-        env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
+        # (with a scenario, its environment's latest version, unless ``env_id`` names one of that id)
+        pinned = env_id is not None and scenario is not None and split(env_id)[0] == scenario.env_id
+        env = await self.registry.environment(scenario.env_id if scenario and not pinned else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",

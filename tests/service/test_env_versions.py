@@ -61,6 +61,11 @@ def test_new_code_is_a_new_version_and_sessions_keep_theirs(client: httpx.Client
         pinned = new_session(client, env_id=f"{env_id}@{named}")
         assert call(client, pinned, "bump")["result"] == 1
         assert client.get(f"/v1/environments/{env_id}@{named}").json()["version"] == one["version"]
+    # OpenEnv's base URL may name a version too
+    episode = client.post(f"/openenv/{env_id}@first/reset", json={}).json()["observation"]["episode_id"]
+    stepped = client.post(f"/openenv/{env_id}@first/step", json={
+        "action": {"type": "call_tool", "tool_name": "bump", "arguments": {}}, "episode_id": episode}).json()
+    assert stepped["observation"]["result"] == 1
     listed = client.get(f"/v1/environments/{env_id}/versions").json()["versions"]
     assert [(v["version"], v["label"], v["latest"]) for v in listed] == [
         (one["version"], "first", False), (two["version"], "second", True)]
