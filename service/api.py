@@ -260,6 +260,8 @@ def created_body(created: Created) -> dict[str, Any]:
         introduction=created.env.introduction,
         rules=created.env.rules,
         tools=created.env.tools,
+        env_version=meta.env_version or None,
+        scenario_version=meta.scenario_version or None,
     ).model_dump(mode="json")
 
 

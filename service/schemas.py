@@ -223,6 +223,9 @@ class SessionCreated(BaseModel):
     introduction: str
     rules: list[str]
     tools: list[dict[str, Any]]
+    env_version: str | None = Field(default=None, description="The environment version the sessions run (its "
+                                                              "digest; env_id@<it> names it).")
+    scenario_version: str | None = Field(default=None, description="The scenario version they run.")
 
 
 class ForkRequest(Strict):

@@ -855,6 +855,11 @@ export interface components {
         SessionCreated: {
             /** Env Id */
             env_id: string;
+            /**
+             * Env Version
+             * @description The environment version the sessions run (its digest; env_id@<it> names it).
+             */
+            env_version?: string | null;
             /** Introduction */
             introduction: string;
             /**
@@ -866,6 +871,11 @@ export interface components {
             rules: string[];
             /** Scenario Id */
             scenario_id: string | null;
+            /**
+             * Scenario Version
+             * @description The scenario version they run.
+             */
+            scenario_version?: string | null;
             /**
              * Session Id
              * @description The first of session_ids.
