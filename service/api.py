@@ -373,8 +373,12 @@ async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
 
 
 @router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"])
-async def score_session(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.Score:
-    return schemas.Score.model_validate(await engine.score(session_id, tenant=who.tenant))
+async def score_session(session_id: str, scenario: str | None = Query(default=None, max_length=200, description=(
+                            "Score with the checks of this version of the session's own scenario instead of the "
+                            "one it started on: its id for the latest, or scenario_id@<label or digest prefix> "
+                            "(re-scoring after a check was fixed).")),
+                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.Score:
+    return schemas.Score.model_validate(await engine.score(session_id, tenant=who.tenant, against=scenario))
 
 
 @router.post("/v1/sessions/{session_id}/fork", status_code=201, response_model=schemas.SessionCreated,

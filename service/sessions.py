@@ -144,8 +144,11 @@ class Sessions:
         is reproducible (see ``_streams`` for a group's)."""
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
         # (with a scenario, its environment's latest version, unless ``env_id`` names one of that id)
-        pinned = env_id is not None and scenario is not None and split(env_id)[0] == scenario.env_id
-        env = await self.registry.environment(scenario.env_id if scenario and not pinned else str(env_id), tenant)
+        if scenario is not None and env_id is not None and split(env_id)[0] != scenario.env_id:
+            raise InvalidRequest(f"env_id '{env_id}' is not a version of the scenario's environment "
+                                 f"'{scenario.env_id}'", field="env_id")
+        env = await self.registry.environment(str(env_id) if env_id is not None else scenario.env_id
+                                              if scenario else "", tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
@@ -596,10 +599,12 @@ class Sessions:
         records, total = page
         return [steps.public(json.loads(r)) for r in records], total
 
-    async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
+    async def score(self, session_id: str, *, tenant: str = "", against: str | None = None) -> dict[str, Any]:
+        """The session's checks on its current state; ``against`` scores it with the checks of another
+        version of its scenario instead (``scenario_id`` for the latest, ``scenario_id@<version>``)."""
         snap = await self.snapshot(session_id, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.scenario_of(snap)
+        scenario = await self.scenario_of(snap) if against is None else await self._other_version(snap, against)
         checklist = scenario.checklist if scenario else []
         budget = self.limits.score_budget
         try:
@@ -616,6 +621,14 @@ class Sessions:
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks,
                 "env_version": env.version, "scenario_version": scenario.version if scenario else None}
+
+    async def _other_version(self, snap: Snapshot, reference: str) -> Scenario:
+        """A version of the session's own scenario (raises InvalidRequest for any other scenario)."""
+        if snap.meta.scenario_id is None or split(reference)[0] != snap.meta.scenario_id:
+            raise InvalidRequest(f"a session is scored against a version of its own scenario "
+                                 f"('{snap.meta.scenario_id}'), not '{reference}'", field="scenario")
+        scenario: Scenario = await self.registry.scenario(reference, snap.meta.tenant)
+        return scenario
 
     async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "",
                    seed: int | None = None, group_seeds: str = "derived") -> Created:
