@@ -151,6 +151,8 @@ class LiveSession:
             self._based(request, None)
             return {"state": None if known else self.text, "digest": self.digest}, True
         if request.get("op") == "init":
+            if "init_config" not in request and "template" in request:  # (see ``answers.NEED_CONFIG``)
+                return {"error": {"type": answers.NEED_CONFIG, "message": "the template is not built here"}}, False
             answer = self._init(request)
             self._based(request, None)
             return answer, True
@@ -173,7 +175,11 @@ class LiveSession:
     def _init(self, request: dict[str, Any]) -> dict[str, Any]:
         self.stream.begin(request)  # seeded (or not) before ``__init__``, as the request asks
         try:
-            self.instance = instantiate(self.cls, request.get("init_config") or {})
+            # Taken out of the request, so that once ``__init__`` returns nothing but the instance
+            # holds what it kept of the config (EnvScaler sets each entry as an attribute): a
+            # request still holding them would be a second holder of every attribute, and the
+            # watch (``sandbox.watch``) would give up on the state for good.
+            self.instance = instantiate(self.cls, request.pop("init_config", None) or {})
         except Interrupt:
             raise
         except BaseException as exc:
