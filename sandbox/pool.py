@@ -55,6 +55,7 @@ PING_EVERY = 5.0
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
 CALL_ERRORS = answers.CALL_ERRORS
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
+NEED_CONFIG = answers.NEED_CONFIG  # the worker must build a template: send the request again with its config
 # How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
 LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
 # A worker measures its memory (and lets live sessions go to keep room for a call) after each
@@ -606,20 +607,31 @@ class WorkerPool:
         """
         if self.limits.rebuild_every_call:  # nothing kept live, nothing forked from a template
             session = template = None
-        message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
+        message = {"op": "init", "env": env.key, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes, **_randomness(stream, seed)}
         cached = self._initial.get(template) if template is not None else None
         if template is not None:
+            # Without its config: a worker holding the template built needs none of it, and one that
+            # must build it asks (``answers.NEED_CONFIG``). A scenario's config may be megabytes,
+            # which would otherwise be encoded here and decoded there for every session.
             message["template"] = template
             if cached is not None:
                 message["known"] = cached[0]
+        else:
+            message["init_config"] = init_config
         if session is not None:
             message.update(session=session, next_version=0)
             if deltas:  # the state is the session's base: its calls answer what they changed
                 message["deltas"] = True
             message["lend"] = True
             self._unhome(session)
-        answer, slot = await self._request(message, env, self.limits.call_timeout, None)
+        try:
+            answer, slot = await self._request(message, env, self.limits.call_timeout, None)
+        except RequestFailed as exc:
+            if exc.kind != NEED_CONFIG or "init_config" in message:
+                raise
+            message["init_config"] = init_config
+            answer, slot = await self._request(message, env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
         if state is None and cached is not None and digest == cached[0] and template is not None:
             state = cached[1]
@@ -778,8 +790,8 @@ class WorkerPool:
             if state.delta is not None:
                 message["delta"] = state.delta
                 if state.template is not None and state.base:
+                    # (its config only if the worker asks: see ``init_state``)
                     message["template"], message["known"] = state.template, state.base
-                    message["init_config"] = state.init_config or {}
         elif state is not None:
             message["state"] = state
         prefer = None
@@ -789,7 +801,13 @@ class WorkerPool:
             message["lend"] = True
             self._unhome(sid)  # until the worker says it kept the instance
         try:
-            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
+            try:
+                answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
+            except RequestFailed as exc:
+                if exc.kind != NEED_CONFIG or not isinstance(state, Stored) or "template" not in message:
+                    raise
+                message["init_config"] = state.init_config or {}
+                answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return _outcome({"error": {"type": exc.kind, "message": exc.message}})
