@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -273,15 +274,17 @@ def _group_size(n: int, request: Request) -> int:
     return n
 
 
-async def _once(request: Request, response: Response, key: str | None, route: str, body: Any,
+async def _once(request: Request, response: Response, key: str | None, route: str, body: Callable[[], Any],
                 run: Any, tenant: str) -> dict[str, Any]:
-    """Run a session-creating request once per Idempotency-Key."""
+    """Run a session-creating request once per Idempotency-Key. ``body`` gives what the key's
+    fingerprint covers; it is asked only with a key (a create's body may carry megabytes of config,
+    and dumping it costs several parses of it)."""
     if key is None:
         answer: dict[str, Any] = await run()
         return answer
     engine: Sessions = request.app.state.sessions
     answer, replayed = await idempotency.once(engine.store, f"{tenant}:{route}", key,
-                                              idempotency.fingerprint(route, body),
+                                              idempotency.fingerprint(route, body()),
                                               engine.pool.longest_request, run)
     if replayed:
         response.headers[idempotency.REPLAYED] = "true"
@@ -298,7 +301,7 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
         return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
                                                 tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds))
 
-    return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
+    return await _once(request, response, key, "create", lambda: body.model_dump(mode="json"), run, who.tenant)
 
 
 def _info(snap: Snapshot) -> schemas.SessionInfo:
@@ -392,7 +395,7 @@ async def fork_session(session_id: str, request: Request, response: Response,
 
     asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {}),
              **({"seed": seed, "group_seeds": group_seeds} if seed is not None else {})}
-    return await _once(request, response, key, "fork", asked, run, who.tenant)
+    return await _once(request, response, key, "fork", lambda: asked, run, who.tenant)
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])
