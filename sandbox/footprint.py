@@ -7,7 +7,11 @@ do, such a tool may store into, delete from, or call a changing method (``append
 ``update``...) of an entry ``self.A[p]`` of an instance attribute, where ``p`` is one of its
 parameters (never rebound), directly or through a local bound only to a path below that entry
 (every binding of its name counts: a lambda parameter, a loop, comprehension or ``except``
-target of the same name makes it no alias). A loop or comprehension target is never a place
+target of the same name makes it no alias). ``self.A.get(p)`` is that entry too, or ``None`` (or
+a constant default) when there is none: on a watched state ``A`` is a builtin container, and of
+those only a ``dict`` has ``get``, so ``a = self.accounts.get(p); a["note"] = x`` is confined
+as ``self.accounts[p]["note"] = x`` is (a default that is not a constant could be another part
+of the state, and leaves the tool unproven). A loop or comprehension target is never a place
 in the state: ``for self.A[p] in ...`` leaves the tool unproven, as the read-only proof does.
 What it stores, and the arguments of those methods, must be *fresh*: constants, its parameters
 (each call gets a copy of its arguments), numbers and strings it computed (a number scaled by
@@ -74,7 +78,21 @@ class Confined(_Body):
             chain = inner
         if isinstance(chain, ast.Name) and chain.id in self.roots:
             return self.roots[chain.id]
+        if isinstance(chain, ast.Call):
+            return self._got(chain)
         return None
+
+    def _got(self, node: ast.Call) -> tuple[str, str] | None:
+        """``self.A.get(p)``, with no default or a constant one: the entry ``A[p]`` when there is
+        one (else the default, which holds nothing of the state)."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "get" and not node.keywords
+                and 1 <= len(node.args) <= 2 and all(isinstance(arg, ast.Constant) for arg in node.args[1:])):
+            return None
+        owner = func.value
+        if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+            return None
+        return self._entry(owner.attr, node.args[0])
 
     def _entry(self, attribute: str, key: ast.AST) -> tuple[str, str] | None:
         if attribute.startswith("_") or not isinstance(key, ast.Name) or key.id not in self.params:
