@@ -625,13 +625,13 @@ class WorkerPool:
                 message["deltas"] = True
             message["lend"] = True
             self._unhome(session)
-        try:
-            answer, slot = await self._request(message, env, self.limits.call_timeout, None)
+        try:  # (a copy each time: a request gathers what its worker must hear, for that worker alone)
+            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, None)
         except RequestFailed as exc:
             if exc.kind != NEED_CONFIG or "init_config" in message:
                 raise
             message["init_config"] = init_config
-            answer, slot = await self._request(message, env, self.limits.call_timeout, None)
+            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
         if state is None and cached is not None and digest == cached[0] and template is not None:
             state = cached[1]
