@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -301,7 +302,23 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
         return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
                                                 tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds))
 
-    return await _once(request, response, key, "create", lambda: body.model_dump(mode="json"), run, who.tenant)
+    raw = await request.body() if key is not None else b""  # (read already: starlette keeps it)
+    return await _once(request, response, key, "create", lambda: _create_fingerprint(body, raw), run, who.tenant)
+
+
+# A create body from this size is fingerprinted by its bytes.
+LARGE_BODY = 64 * 1024
+
+
+def _create_fingerprint(body: schemas.SessionCreate, raw: bytes) -> Any:
+    """What an Idempotency-Key's fingerprint covers of a create: its body as parsed, canonically
+    dumped; a large one (an init_config of megabytes) by the digest of its bytes instead, as a
+    retry sends them again, since dumping it costs several parses of it (pydantic's dump and the
+    sorted JSON). A small body is fingerprinted exactly as before, so keys taken before match."""
+    if len(raw) < LARGE_BODY:
+        return body.model_dump(mode="json")
+    # (a list, where the parsed form is an object: no small body fingerprints alike)
+    return ["body sha256", hashlib.sha256(raw).hexdigest()]
 
 
 def _info(snap: Snapshot) -> schemas.SessionInfo:
