@@ -13,7 +13,8 @@ each it prints the p50 of creating a session (the first create, which builds the
 apart), of a read call, of a one-record write, of `GET /state`, and of a fork at the current
 step and at step 1, and the ratio 3 MB / 4 KB of each, all measured in this run; for the body
 shape also the p50 of parsing that body once (``json.loads`` in this process), the issue's
-yardstick for such a create. With `--redis` it also prints the Redis
+yardstick for such a create. (The server frees what it parsed after answering the create: the
+read that follows waits for that, which shows in its latency here but not in the server's.) With `--redis` it also prints the Redis
 bytes one session holds after create and five one-record writes (`MEMORY USAGE` of its keys but
 its trajectory), its trajectory's, and those of the bases every session of the tenant shares (each
 initial state once, and the bases sessions rebased on).
@@ -213,8 +214,9 @@ def targets(shape: str, small: dict[str, float], large: dict[str, float], built:
     def check(label: str, value: float, bound: float, unit: str = "x") -> str:
         return f"{label} {value:.1f}{unit} {'met' if value <= bound else 'MISSED'} (<= {bound:g}{unit})"
 
+    # (a create that brings the state in its body parses it: its yardstick is one parse of that body)
     lines = [check(f"{name} 3 MB / 4 KB", large[name] / small[name], 2) for name in ("create", "read", "write")
-             if small.get(name)]
+             if small.get(name) and not (shape == "body" and name == "create")]
     lines.append(check("fork at step 1 / at the current step, 3 MB", large["fork@1"] / large["fork"], 2))
     if shape == "config":
         lines.append(check("create from the scenario, 3 MB, ms", large["create"], 20, ""))
