@@ -13,7 +13,9 @@ then drives calls with wrk at ``--hot`` connections, each connection waiting a t
 each call (lognormal, median ``--think-ms``, like the spread of model generation times), reading
 one order or writing one order's note (``--writes`` of them): first over ``--hot`` sessions (one
 per connection), then over every session of each ``--sessions`` count (each connection walks its
-own share in turn, so no two connections call one session).
+own share in turn, so no two connections call one session). Members of a group are not live until
+their first call, and a run of a few seconds reaches each of thousands of sessions at most once:
+``--warm-seconds`` calls them first, unmeasured, to see what a batch already called costs.
 
 It prints, per size and spread, calls/s and calls per CPU-second of the server's process tree
 ("per core": what one core would serve at full use), p50 and p99, how many calls found their
@@ -241,6 +243,8 @@ def run_size(http: httpx.Client, server: Any, label: str, args: argparse.Namespa
     rows: dict[str, dict[str, Any]] = {}
     for _ in range(args.repeat):
         for name, sessions in plan:
+            if name != "hot" and args.warm_seconds > 0:  # each session called once first, if time allows
+                drive(server.url, sessions, calls, args.hot, args.warm_seconds, args.load_cpu, 0, args.sigma)
             before, cpu = metrics(http), tree_cpu_seconds(server.proc.pid)
             figures = drive(server.url, sessions, calls, args.hot, args.seconds, args.load_cpu, args.think_ms,
                             args.sigma)
@@ -301,6 +305,9 @@ def main() -> int:
     parser.add_argument("--think-ms", type=float, default=5.0, help="median think time before each call (0: none)")
     parser.add_argument("--sigma", type=float, default=1.0, help="spread of the think times (lognormal sigma)")
     parser.add_argument("--writes", type=float, default=0.3, help="share of calls that write")
+    parser.add_argument("--warm-seconds", type=int, default=0, help="before each spread, call its sessions (each "
+                        "connection its share in turn, no think time) for this long, unmeasured: the members of a "
+                        "group are not live until their first call, so a short run measures first calls only")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--residents", type=int, default=None, help="ENVFOUNDRY_RESIDENTS (live sessions per worker)")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="'' for the memory store")
