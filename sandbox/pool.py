@@ -56,6 +56,7 @@ PING_EVERY = 5.0
 CALL_ERRORS = answers.CALL_ERRORS
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
 NEED_CONFIG = answers.NEED_CONFIG  # the worker must build a template: send the request again with its config
+WITH_CONFIG = "with_config"  # (a request's own mark, never sent: keep its config for the worker that asked)
 # How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
 LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
 # A worker measures its memory (and lets live sessions go to keep room for a call) after each
@@ -113,6 +114,9 @@ class Worker:
     unprepared: bool = False  # it has hosts without a ready fork: ask it to make them when idle
     touched: set[str] = field(default_factory=set)  # sessions called straight since its last request
     served: float = 0.0  # when it last served a request (and measured its memory)
+    # It asks for a template's config when it must build it (``answers.NEED_CONFIG``): requests
+    # naming a template go to it without one. A worker of an older image would build from none.
+    asks_config: bool = False
 
 
 @dataclass
@@ -423,7 +427,8 @@ class WorkerPool:
         except (TimeoutError, protocol.ProtocolError, OSError, EOFError) as exc:
             await channel.kill()
             raise WorkerLost(f"worker {slot} did not start: {exc!r}") from exc
-        worker = Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
+        worker = Worker(slot=slot, channel=channel, containment=hello.get("containment", {}),
+                        asks_config=hello.get("asks_config") is True)
         sock = getattr(channel, "lend", None)
         if hello.get("lends") is True and sock is not None:
             worker.lend = sock
@@ -476,6 +481,11 @@ class WorkerPool:
 
     async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
         message["id"] = next(self._ids)
+        # A template's config stays here unless the worker asked for it (``answers.NEED_CONFIG``): a
+        # worker holding the template built needs none of it, and a scenario's may be megabytes,
+        # which would be encoded here and decoded there for every session and every rebuild.
+        if not message.pop(WITH_CONFIG, False) and worker.asks_config and "template" in message:
+            message.pop("init_config", None)
         ending = self._ending.pop(worker.slot, None)
         if ending is not None:
             message["ending"] = {"sessions": sorted(ending.sessions), "envs": sorted(ending.envs)}
@@ -607,18 +617,13 @@ class WorkerPool:
         """
         if self.limits.rebuild_every_call:  # nothing kept live, nothing forked from a template
             session = template = None
-        message = {"op": "init", "env": env.key, "timeout": self.limits.call_timeout,
+        message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes, **_randomness(stream, seed)}
         cached = self._initial.get(template) if template is not None else None
-        if template is not None:
-            # Without its config: a worker holding the template built needs none of it, and one that
-            # must build it asks (``answers.NEED_CONFIG``). A scenario's config may be megabytes,
-            # which would otherwise be encoded here and decoded there for every session.
+        if template is not None:  # (sent without its config where the worker asks for it: ``_roundtrip``)
             message["template"] = template
             if cached is not None:
                 message["known"] = cached[0]
-        else:
-            message["init_config"] = init_config
         if session is not None:
             message.update(session=session, next_version=0)
             if deltas:  # the state is the session's base: its calls answer what they changed
@@ -628,10 +633,9 @@ class WorkerPool:
         try:  # (a copy each time: a request gathers what its worker must hear, for that worker alone)
             answer, slot = await self._request(dict(message), env, self.limits.call_timeout, None)
         except RequestFailed as exc:
-            if exc.kind != NEED_CONFIG or "init_config" in message:
+            if exc.kind != NEED_CONFIG:
                 raise
-            message["init_config"] = init_config
-            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, None)
+            answer, slot = await self._request({**message, WITH_CONFIG: True}, env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
         if state is None and cached is not None and digest == cached[0] and template is not None:
             state = cached[1]
@@ -790,8 +794,9 @@ class WorkerPool:
             if state.delta is not None:
                 message["delta"] = state.delta
                 if state.template is not None and state.base:
-                    # (its config only if the worker asks: see ``init_state``)
+                    # (its config only where the worker must build the template: see ``_roundtrip``)
                     message["template"], message["known"] = state.template, state.base
+                    message["init_config"] = state.init_config or {}
         elif state is not None:
             message["state"] = state
         prefer = None
@@ -804,10 +809,10 @@ class WorkerPool:
             try:
                 answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
             except RequestFailed as exc:
-                if exc.kind != NEED_CONFIG or not isinstance(state, Stored) or "template" not in message:
+                if exc.kind != NEED_CONFIG or "template" not in message:
                     raise
-                message["init_config"] = state.init_config or {}
-                answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
+                answer, slot = await self._request({**message, WITH_CONFIG: True}, env,
+                                                   self.limits.call_timeout, prefer)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return _outcome({"error": {"type": exc.kind, "message": exc.message}})
