@@ -134,6 +134,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                  settings.sandbox, settings.workers)
         try:
             async with mcp.serving(app, settings.max_body_bytes):
+                heap.freeze_what_startup_made()
                 yield
         finally:
             app.state.sessions.offload.close()

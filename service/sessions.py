@@ -7,7 +7,6 @@ replica can serve any request and a restart loses nothing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import secrets
 import time
@@ -54,6 +53,7 @@ from service.store import (
     digest_of,
     new_session_id,
 )
+from service.template_keys import NotUnicode, config_key
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 from service.versions import split
@@ -150,9 +150,12 @@ class Sessions:
         env = await self.registry.environment(str(env_id) if env_id is not None else scenario.env_id
                                               if scenario else "", tenant)
         config = scenario.init_config if scenario else (init_config or {})
-        if _unicode_problem(config):
-            raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
-                                 field="init_config")
+        # Keyed once per scenario (its config's text is checked then too); a config from the body
+        # at the cost of a pass of ``marshal`` over it (see ``service.template_keys``).
+        try:
+            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
+        except NotUnicode as exc:
+            raise InvalidRequest(str(exc), field="init_config") from None
         if mode == "conversation" and scenario is None:
             raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
                                  field="mode")
@@ -161,7 +164,6 @@ class Sessions:
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
-            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
             state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template,
                                               stream=first, seed=seed)
             now = time.time()
@@ -199,13 +201,15 @@ class Sessions:
     def _template_key(self, tenant: str, env: Environment, scenario_id: str | None, config: dict[str, Any]) -> str:
         """Names one initial state (same code, same config, same tenant): sandbox workers build it
         once and start each session made from it as a fork of it. A scenario's key is kept while
-        its config is the same object, so a large scenario is not re-encoded for every session."""
+        its config is the same object, so a large scenario is not keyed again for every session.
+
+        Raises:
+            NotUnicode: the config holds a lone surrogate."""
         if scenario_id is not None:
             known = self._templates.get((tenant, scenario_id))
             if known is not None and known[0] is config and known[1] == env.code_hash:
                 return known[2]
-        text = json.dumps([tenant, env.code_hash, config], sort_keys=True, ensure_ascii=False, default=repr)
-        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        key = config_key(tenant, env.code_hash, config)
         if scenario_id is not None:
             self._templates[(tenant, scenario_id)] = (config, env.code_hash, key)
             while len(self._templates) > TEMPLATE_KEYS:
