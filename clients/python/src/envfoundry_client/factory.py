@@ -57,11 +57,13 @@ class RolloutFailed(EnvfoundryError):
 
 
 def _delete(client: Client, session_id: str) -> None:
-    leases.release(session_id)
     try:
         client.delete_session(session_id)
+    except NotFound:
+        pass  # expired or deleted elsewhere: nothing is left
     except (EnvfoundryError, RuntimeError):
-        pass  # expired, deleted elsewhere, the service or the client closed: nothing is left to clean up
+        return  # the service is away (a restart) or the client closed: leases tries again at exit
+    leases.release(session_id)
 
 
 class SessionTools:
