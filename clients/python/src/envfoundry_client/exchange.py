@@ -30,13 +30,18 @@ PERMANENT = frozenset({PROBLEM_PREFIX + "user-llm-unavailable"})
 RETRY_SECONDS = 30.0  # a restart of the service takes a few seconds: the default budget rides over it
 
 
-def _budget_from_environment() -> float | None:
+def _budget_from_environment() -> float:
     """``ENVFOUNDRY_RETRY_SECONDS``, so that a client built by a harness (verifiers) can be tuned."""
     value = os.environ.get("ENVFOUNDRY_RETRY_SECONDS")
     if value is None or not value.strip():
         return RETRY_SECONDS
-    seconds = float(value)
-    return None if seconds < 0 else seconds
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # (NaN too)
+        raise ValueError(f"ENVFOUNDRY_RETRY_SECONDS is {value!r}: seconds, 0 or more (0: no retry)")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,9 @@ class Retry:
     """How long, and how often, to keep repeating an operation that is safe to repeat.
 
     The budget is time: an operation is repeated until ``seconds`` have passed since its first
-    attempt (default 30, or ``ENVFOUNDRY_RETRY_SECONDS``; a negative value there means no time
-    limit), or ``attempts`` have been made when that is set. A service restart takes a few seconds;
-    counting attempts alone gave up before it came back.
+    attempt (default 30, or ``ENVFOUNDRY_RETRY_SECONDS``; 0: no retry; None: no time limit, which
+    needs ``attempts``), or ``attempts`` have been made when that is set. A service restart takes
+    a few seconds; counting attempts alone gave up before it came back.
     """
 
     attempts: int | None = None  # first try included; None: as many as the time budget allows

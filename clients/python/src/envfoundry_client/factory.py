@@ -211,7 +211,10 @@ def _build(spec: Spec, client: Client | None = None) -> type[SessionTools]:
     for tool in spec.tools:
         namespace[tool["function"]["name"]] = tool_function(tool, SessionTools._call)
     base = ConversationTools if spec.mode == "conversation" else SessionTools
-    return ToolClass(spec.name, (base,), namespace)
+    made = ToolClass(spec.name, (base,), namespace)
+    if client is None:
+        weakref.finalize(made, http.close)  # its own pool: closed with the class (a rebuilt one, here)
+    return made
 
 
 def environment_factory(base_url: str, env_id: str, *, api_key: str | None = None, mode: Mode = "task",
@@ -233,7 +236,10 @@ def environment_factory(base_url: str, env_id: str, *, api_key: str | None = Non
     class_name = "".join(part.capitalize() for part in env_id.split("_") if part) or "Environment"
     spec = Spec(class_name if plain_name(class_name) else "Environment", env_id, mode,
                 f"Rollouts on envfoundry's {env_id}: {environment.summary}", tuple(environment.tools), http.config)
-    return _build(spec, http)
+    made = _build(spec, http)
+    if client is None:
+        weakref.finalize(made, http.close)  # the pool this call made: closed with the class
+    return made
 
 
 def dataset_rows(base_url: str, env_id: str, *, api_key: str | None = None, repeat: int = 1) -> list[JSON]:
