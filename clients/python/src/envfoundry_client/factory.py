@@ -38,8 +38,9 @@ import copyreg
 import math
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from envfoundry_client import leases
 from envfoundry_client.client import Client
@@ -50,6 +51,7 @@ from envfoundry_client.signatures import JSON, plain_name, tool_function
 
 RESERVED = frozenset({"reset", "get_reward", "failure", "session_id"})
 USER_TOOL = "talk_to_user"  # conversation mode only (an environment may have a send_message tool of its own)
+T = TypeVar("T")
 
 
 class RolloutFailed(EnvfoundryError):
@@ -132,7 +134,7 @@ class SessionTools:
     def _call(self, name: str, arguments: JSON) -> str:
         return self._service(lambda session: self._client.call(session, name, arguments).observation)
 
-    def _service(self, send: Any) -> Any:
+    def _service(self, send: Callable[[str], T]) -> T:
         """Run one request on the session; a failure of the service fails the rollout, and says so."""
         session = self._held()
         if self._failure is not None:
@@ -211,7 +213,7 @@ def _build(spec: Spec, client: Client | None = None) -> type[SessionTools]:
     for tool in spec.tools:
         namespace[tool["function"]["name"]] = tool_function(tool, SessionTools._call)
     base = ConversationTools if spec.mode == "conversation" else SessionTools
-    made = ToolClass(spec.name, (base,), namespace)
+    made = cast(type[SessionTools], ToolClass(spec.name, (base,), namespace))
     if client is None:
         weakref.finalize(made, http.close)  # its own pool: closed with the class (a rebuilt one, here)
     return made
