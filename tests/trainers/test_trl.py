@@ -112,20 +112,20 @@ def test_a_restart_mid_run_on_redis_is_invisible_and_arguments_reach_the_service
         redis_server.append(start_server(tmp_path, redis_url=redis_url, port=port,
                                          extra_env={"ENVFOUNDRY_KEY_PREFIX": key_prefix}))
 
-    # each step: two rollouts of five turns (the misspelled call, lib-001's three calls, the answer);
-    # the restart comes at the third turn of the first step
+    # one step: two rollouts of five turns (the misspelled call, lib-001's three calls, the answer);
+    # the restart comes at the third turn, after two calls of each rollout
     peer = Peer(trl_python, {"url": first.url, "env_id": "library_circulation", "scenarios": ["lib-001"],
-                             "steps": 2, "misspelled": MISSPELLED, "restart_at": 3}, {"RESTART": restart})
+                             "steps": 1, "misspelled": MISSPELLED, "restart_at": 3}, {"RESTART": restart})
     assert peer.wait() == 0, peer.stderr
     result = peer.result()
     assert len(redis_server) == 2  # it did restart
-    assert result["rewards"] == [1.0, 1.0, 1.0, 1.0], result
+    assert result["rewards"] == [1.0, 1.0], result
     assert result["warnings"] == []
     # the misspelled call reached the service: its hint came back, and it is a step of the session
-    assert result["steps"] == [4, 4, 4, 4]
-    assert sum(HINT in seen for seen in result["observations"]) == 4
-    # a normal exit leaves nothing open, the last batch's sessions included
-    assert len(peer.sessions()) == 4 and left_open(redis_server[-1], peer.sessions()) == []
+    assert result["steps"] == [4, 4]
+    assert sum(HINT in seen for seen in result["observations"]) == 2
+    # a normal exit leaves nothing open: TRL keeps the last batch's instances, and their sessions
+    assert len(peer.sessions()) == 2 and left_open(redis_server[-1], peer.sessions()) == []
 
 
 def test_sigterm_mid_run_closes_every_session(trl_python: Path, redis_server: list[Server]) -> None:
@@ -136,7 +136,7 @@ def test_sigterm_mid_run_closes_every_session(trl_python: Path, redis_server: li
 
     # the first step's rollouts have made their first calls when the scheduler's SIGTERM comes
     peer = Peer(trl_python, {"url": server.url, "env_id": "library_circulation", "scenarios": ["lib-001"],
-                             "steps": 2, "pause_at": 2}, {"PAUSED": terminate})
+                             "steps": 1, "pause_at": 2}, {"PAUSED": terminate})
     assert peer.wait() == -signal.SIGTERM, peer.stderr  # still ended by the signal, as it was sent
     assert len(peer.sessions()) == 2
     assert left_open(server, peer.sessions()) == []
