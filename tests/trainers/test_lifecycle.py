@@ -11,7 +11,6 @@ import pickle
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,32 +18,8 @@ import pytest
 from envfoundry_client import Client, Retry, TransportError
 from envfoundry_client.factory import RolloutFailed, environment_factory
 
-from tests.conftest import ROOT, Server, free_port, server_command, start_server
-
-
-@pytest.fixture(scope="module")
-def memory_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    """One server on the memory store for the module; a test that restarts it appends the new one."""
-    servers = [start_server(tmp_path_factory.mktemp("lifecycle"))]
-    yield servers
-    servers[-1].stop()
-
-
-def port_of(server: Server) -> int:
-    return int(server.url.rsplit(":", 1)[1])
-
-
-def restart(servers: list[Server], tmp: Path, wait: bool = True) -> None:
-    """Stop the server and start it again on its port: ready when this returns, or (wait False) still starting."""
-    servers[-1].stop()
-    if wait:
-        servers.append(start_server(tmp, port=port_of(servers[-1])))
-        return
-    args, env = server_command(port_of(servers[-1]))
-    log = tmp / "restarted.log"
-    with log.open("ab") as out:
-        servers.append(Server(servers[-1].url, subprocess.Popen(args, env=env, cwd=ROOT, stdout=out,
-                                                                stderr=subprocess.STDOUT), log))
+from tests.conftest import ROOT, Server, free_port
+from tests.trainers.conftest import restart
 
 
 def test_a_session_lost_in_a_memory_store_restart_fails_its_rollout_with_a_reason(

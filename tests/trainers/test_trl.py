@@ -14,6 +14,7 @@ a real server this test owns and restarts. What a long run meets (issue 32):
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
 import threading
@@ -90,18 +91,26 @@ def left_open(server: Server, sessions: list[str]) -> list[str]:
     return [sid for sid in sessions if httpx.get(f"{server.url}/v1/sessions/{sid}").status_code != 404]
 
 
-@pytest.fixture
-def redis_server(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[list[Server]]:
-    """A server on Redis under the test's key prefix; the list holds the one running now."""
-    servers = [start_server(tmp_path, redis_url=redis_url, extra_env={"ENVFOUNDRY_KEY_PREFIX": key_prefix})]
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    """The module's own key namespace (removed afterwards)."""
+    name = f"eftest-{secrets.token_hex(4)}"
+    yield name
+    drop_keys(redis_url, name)
+
+
+@pytest.fixture(scope="module")
+def redis_server(redis_url: str, prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """A server on Redis for the module; a restart appends the new one (the last runs)."""
+    servers = [start_server(tmp_path_factory.mktemp("trl"), redis_url=redis_url,
+                            extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})]
     yield servers
     servers[-1].stop()
-    drop_keys(redis_url, key_prefix)
 
 
 def test_a_restart_mid_run_on_redis_is_invisible_and_arguments_reach_the_service(
-        trl_python: Path, redis_server: list[Server], redis_url: str, key_prefix: str, tmp_path: Path) -> None:
-    first = redis_server[0]
+        trl_python: Path, redis_server: list[Server], redis_url: str, prefix: str, tmp_path: Path) -> None:
+    first = redis_server[-1]
     port = int(first.url.rsplit(":", 1)[1])
 
     def restart() -> None:
@@ -110,7 +119,7 @@ def test_a_restart_mid_run_on_redis_is_invisible_and_arguments_reach_the_service
         redis_server[-1].stop()
         time.sleep(2)
         redis_server.append(start_server(tmp_path, redis_url=redis_url, port=port,
-                                         extra_env={"ENVFOUNDRY_KEY_PREFIX": key_prefix}))
+                                         extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix}))
 
     # one step: two rollouts of five turns (the misspelled call, lib-001's three calls, the answer);
     # the restart comes at the third turn, after two calls of each rollout
@@ -118,7 +127,7 @@ def test_a_restart_mid_run_on_redis_is_invisible_and_arguments_reach_the_service
                              "steps": 1, "misspelled": MISSPELLED, "restart_at": 3}, {"RESTART": restart})
     assert peer.wait() == 0, peer.stderr
     result = peer.result()
-    assert len(redis_server) == 2  # it did restart
+    assert redis_server[-1] is not first  # it did restart
     assert result["rewards"] == [1.0, 1.0], result
     assert result["warnings"] == []
     # the misspelled call reached the service: its hint came back, and it is a step of the session
@@ -129,7 +138,7 @@ def test_a_restart_mid_run_on_redis_is_invisible_and_arguments_reach_the_service
 
 
 def test_sigterm_mid_run_closes_every_session(trl_python: Path, redis_server: list[Server]) -> None:
-    server = redis_server[0]
+    server = redis_server[-1]
 
     def terminate() -> None:
         peer.process.send_signal(signal.SIGTERM)

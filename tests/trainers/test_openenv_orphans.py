@@ -1,27 +1,25 @@
 """An OpenEnv episode whose WebSocket drops without a ``close`` is ended after a grace period (issue 32),
-unless a client takes it up again. A real server with a 1 s grace; plain WebSocket clients."""
+unless a client takes it up again: what TRL's OpenEnv clients leave (they never send ``close``).
+A real server with a 1 s grace; plain WebSocket clients."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
+from tests.trainers.conftest import GRACE
 
-GRACE = 1.0
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("orphans"), extra_env={"ENVFOUNDRY_OPENENV_GRACE": str(GRACE)})
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(memory_server: list[Server]) -> Server:
+    """tests/trainers' server, whose grace is GRACE."""
+    return memory_server[-1]
 
 
 def ws_url(server: Server) -> str:
