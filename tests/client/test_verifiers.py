@@ -53,10 +53,10 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, st
 
 @dataclass
 class Restarting:
-    """A service on Redis under a key prefix of its own, which the "restart" run restarts."""
+    """A service (on Redis under a key prefix of its own, or on the memory store) that a run restarts."""
 
     servers: list[Server]
-    redis_url: str
+    redis_url: str | None
     prefix: str
     tmp: Path
     started: threading.Thread | None = None
@@ -78,21 +78,31 @@ def port_of(server: Server) -> int:
     return int(server.url.rsplit(":", 1)[1])
 
 
-@pytest.fixture(scope="module")
-def on_redis(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
-    prefix, tmp = f"eftest-{secrets.token_hex(4)}", tmp_path_factory.mktemp("redis-ef")
+def restarting(redis_url: str | None, tmp: Path) -> Iterator[Restarting]:
+    prefix = f"eftest-{secrets.token_hex(4)}"
     service = Restarting([start_server(tmp, redis_url=redis_url, extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})],
                          redis_url, prefix, tmp)
     yield service
     if service.started is not None:
         service.started.join(60)
     service.servers[-1].stop()
-    drop_keys(redis_url, prefix)
+    if redis_url:
+        drop_keys(redis_url, prefix)
+
+
+@pytest.fixture(scope="module")
+def on_redis(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
+    yield from restarting(redis_url, tmp_path_factory.mktemp("redis-ef"))
+
+
+@pytest.fixture(scope="module")
+def on_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
+    yield from restarting(None, tmp_path_factory.mktemp("memory-ef"))
 
 
 @pytest.fixture(scope="module")
 def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], chat: Running,
-         on_redis: Restarting, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+         on_redis: Restarting, on_memory: Restarting, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Each run's outcome and episodes (traces.jsonl), by name, with the model requests its conversation made."""
     tmp = tmp_path_factory.mktemp("vf")
     lib, store = task(ef_server, "lib-001"), task(ef_server, "store-001")
@@ -109,9 +119,10 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
         "unscripted": ["--env.taskset.scenario-ids", '["lib-002"]'],  # the model answers 404 to this conversation
         "restart": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on Redis, restarted mid-run
         "keyed": ["--env.taskset.scenario-ids", '["lib-001"]'],  # the third lib-001 rollout: track 0 again
+        "lost": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on memory, restarted: sessions lost
     }
     keyed_server, key = keyed
-    served = {"keyed": keyed_server, "restart": on_redis.servers[0]}
+    served = {"keyed": keyed_server, "restart": on_redis.servers[0], "lost": on_memory.servers[0]}
     argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra, "--env.taskset.base-url",
                                     served.get(name, ef_server).url]}
             for name, extra in plan.items()]
@@ -123,6 +134,8 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
             asked_of_lib[0] += 1
             if asked_of_lib[0] == 7:
                 on_redis.restart()
+            if asked_of_lib[0] == 14:  # lost's first request: its sessions are open
+                on_memory.restart()
 
     chat.script.before_answer = restart_mid_run
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
@@ -130,8 +143,9 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
     done = subprocess.run([str(verifiers_python), str(PEER), json.dumps(argv)],
                           capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
     chat.script.before_answer = None
-    if on_redis.started is not None:
-        on_redis.started.join(60)  # the service is back (the rollouts may have given up before it was)
+    for service in (on_redis, on_memory):
+        if service.started is not None:
+            service.started.join(60)  # the service is back (the rollouts may have given up before it was)
     assert done.returncode == 0, done.stderr[-4000:]
     out: Runs = {}
     for line in done.stdout.splitlines():
@@ -142,8 +156,8 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
             result["episodes"] = [json.loads(e) for e in result["written"].splitlines()]
             out[result["name"]] = result
     asked = chat.script.agent_requests()
-    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve's, restart's, keyed's
-    out["solve"]["asked"], out["restart"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:10], of_lib[10:]
+    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve, restart, keyed, lost
+    out["solve"]["asked"], out["restart"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:10], of_lib[10:13]
     out["cut"]["asked"] = [r for r in asked if r.route == store]
     return out
 
@@ -229,3 +243,16 @@ def test_a_restart_mid_run_on_redis_is_invisible_to_the_rollouts(runs: Runs, on_
     assert len(run["asked"]) == 5  # as without a restart
     for t in traces:  # each session deleted after scoring, on the restarted service
         assert httpx.get(f"{on_redis.servers[-1].url}/v1/sessions/{t['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_sessions_lost_in_a_memory_store_restart_end_their_rollouts_unscored_saying_so(
+        runs: Runs, on_memory: Restarting) -> None:
+    run = runs["lost"]
+    assert run["exit"] == 0, run  # the eval goes on; the failures are the rollouts'
+    traces = played(run)
+    assert len(traces) == 2 and len(on_memory.servers) == 2
+    for trace in traces:
+        assert not trace["ok"] and trace["rewards"] == {} and trace["stop_condition"] == "harness_error"
+        (error,) = trace["errors"]
+        session = trace["info"]["envfoundry_session_id"]
+        assert f"envfoundry session {session} is gone: the service restarted on a memory store" in error["message"]
