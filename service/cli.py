@@ -238,8 +238,10 @@ def parser() -> argparse.ArgumentParser:
     bfcl = catalog.add_parser("import-bfcl", help="convert the installed bfcl-eval's multi-turn categories into packages")
     bfcl.add_argument("--out", required=True, metavar="DIR")
     bfcl.add_argument("--source", metavar="DIR", help="a bfcl_eval package folder (default: the installed one)")
-    bfcl.add_argument("--category", action="append", choices=["multi_turn_base", "multi_turn_long_context"],
-                      help="repeatable; default: both")
+    bfcl.add_argument("--category", action="append", choices=["multi_turn_base", "multi_turn_long_context",
+                                                              "multi_turn_miss_func", "multi_turn_miss_param"],
+                      help="repeatable; default: all four (base and long_context also all at once, as a split "
+                           "'<category>_all_at_once')")
     bfcl.set_defaults(run=cmd_import_bfcl)
 
     exp = catalog.add_parser("export-envscaler", help="write packages back as EnvScaler's JSON shapes")
