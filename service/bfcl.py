@@ -38,6 +38,7 @@ from service.catalog import (
     Catalog,
     CatalogError,
     CheckItem,
+    Environment,
     Scenario,
     ToolCall,
     Turn,
@@ -294,6 +295,8 @@ class _Combination:
                 if doc.get("name") in self.owner and self.owner[doc["name"]] == name:
                     self.docs[doc["name"]] = doc
         self.tools = [t for t in self.owner if t not in self.excluded]
+        # (tool, parameter) -> the JSON types it accepts beyond BFCL's doc, where a ground truth needs them
+        self.widened: dict[tuple[str, str], list[str]] = {}
         suffix = f"_without_{'-'.join(self.excluded)}" if self.excluded else ""
         self.env_id = "bfcl_" + "-".join(classes) + suffix
         self.class_name = "BfclMultiTurn"
@@ -383,9 +386,40 @@ def _overrides(combo: _Combination) -> dict[str, dict[str, Any]]:
     for tool in combo.tools:
         doc = combo.docs.get(tool)
         if doc:
-            out[tool] = {"description": str(doc.get("description", "")),
-                         "parameters": _schema(doc.get("parameters") or {"type": "dict", "properties": {}})}
+            parameters = _schema(doc.get("parameters") or {"type": "dict", "properties": {}})
+            for (name, param), types in combo.widened.items():
+                if name == tool and isinstance(parameters.get("properties", {}).get(param), dict):
+                    parameters["properties"][param]["type"] = types
+            out[tool] = {"description": str(doc.get("description", "")), "parameters": parameters}
     return out
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"))
+
+
+def _widen(combo: _Combination, calls: list[ToolCall]) -> list[str]:
+    """Let a parameter take the type a ground-truth call gives it where BFCL's doc says another (BFCL runs
+    the call as it is; the service checks every call against the schema, so it could never replay it).
+    Returns what was widened, for the report."""
+    overrides = _overrides(combo)
+    notes = []
+    for call in calls:
+        properties = (overrides.get(call.name, {}).get("parameters") or {}).get("properties") or {}
+        for param, value in call.arguments.items():
+            schema = properties.get(param)
+            if not isinstance(schema, dict) or "type" not in schema:
+                continue
+            if ArgumentChecker({"type": "object", "properties": {param: schema}}).problem({param: value}) is None:
+                continue
+            kind = next((name for cls, name in _JSON_TYPES if isinstance(value, cls)), None)
+            declared = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if kind is None or kind in declared:
+                continue
+            combo.widened[(call.name, param)] = [*declared, kind]
+            notes.append(f"{combo.env_id}: {call.name}({param}) also takes {kind}: the ground truth passes "
+                         f"{value!r} where BFCL's doc says {' or '.join(declared)}")
+    return notes
 
 
 def _task(entry: dict[str, Any]) -> str:
@@ -456,8 +490,22 @@ def _schema_mismatch(combo: _Combination, calls: list[ToolCall]) -> str | None:
     return None
 
 
-def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES) -> ImportReport:
+def _environment(combo: _Combination, backend: _Backend, sources: dict[str, _Source], long_context: _Source,
+                 pinned: dict[str, str], needs: list[str]) -> Environment:
+    return build_environment(
+        env_id=combo.env_id, class_name=combo.class_name, code=environment_code(combo, backend, sources, long_context),
+        summary=f"BFCL multi-turn with {', '.join(combo.classes)}",
+        introduction=f"BFCL multi-turn environment: the tools of {', '.join(combo.classes)}, as bfcl-eval defines them.",
+        tool_overrides=_overrides(combo), requirements=[pinned.get(n, n) for n in needs])
+
+
+def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES, *,
+                widen: bool = True) -> ImportReport:
     """Write the multi-turn ``categories`` of bfcl-eval (installed, or at ``package``) as packages under ``out``.
+
+    A ground truth that gives a parameter another type than BFCL's doc says (entry 173 of each category
+    closes ticket 'ticket_001' where the doc says an integer) widens that parameter of its environment
+    to take both, named in the report's notes; with ``widen`` false such an entry is skipped instead.
 
     An environment whose classes import packages outside the standard library (MathAPI imports
     mpmath) declares them as ``requirements``, at the versions bfcl-eval itself requires when its
@@ -499,13 +547,7 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
             if key not in combos:
                 combos[key] = _Combination(package, backend, classes, excluded, sources)
                 combo = combos[key]
-                catalog.add_environment(build_environment(
-                    env_id=combo.env_id, class_name=combo.class_name,
-                    code=environment_code(combo, backend, sources, long_context),
-                    summary=f"BFCL multi-turn with {', '.join(classes)}",
-                    introduction=f"BFCL multi-turn environment: the tools of {', '.join(classes)}, as bfcl-eval "
-                                 "defines them.",
-                    tool_overrides=_overrides(combo), requirements=[pinned.get(n, n) for n in needs]))
+                catalog.add_environment(_environment(combo, backend, sources, long_context, pinned, needs))
             combo = combos[key]
             try:
                 ground_truth = [[combo.call(text) for text in turn] for turn in answers.get(entry.get("id")) or []]
@@ -516,6 +558,12 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
             if not calls:
                 report.skipped.append(f"{entry_id}: no ground truth in possible_answer")
                 continue
+            if _schema_mismatch(combo, calls) and widen:
+                notes = _widen(combo, calls)
+                if notes:  # the environment again, with the parameter widened
+                    report.notes += [f"{entry_id}: {note}" for note in notes]
+                    catalog.environments[combo.env_id] = _environment(combo, backend, sources, long_context,
+                                                                      pinned, needs)
             mismatch = _schema_mismatch(combo, calls)
             if mismatch:  # the service checks every call against the tool's schema, so it could never replay
                 report.skipped.append(f"{entry_id}: its ground truth does not match BFCL's own schema: {mismatch}")

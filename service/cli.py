@@ -158,6 +158,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def _print_import(report: ImportReport, out: str) -> int:
     for reason in report.skipped:
         print(f"SKIPPED {reason}")
+    for note in report.notes:
+        print(f"NOTE {note}")
     print(f"wrote {report.environments} environments and {report.scenarios} scenarios to {out}")
     return 0
 
