@@ -28,13 +28,17 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
+import anyio.lowlevel
 import mcp_types as types
 from fastapi import FastAPI
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ServerEvent, ToolsListChanged
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -184,10 +188,56 @@ async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> t
     return call_result(applied)
 
 
-def session_server() -> Server[Any]:
+# Which session a ``subscriptions/listen`` stream is opened for, while the SDK's handler subscribes it.
+_LISTENING: ContextVar[str] = ContextVar("envfoundry_mcp_listening")
+
+
+class SessionEvents:
+    """The SDK's subscription bus, per session: a listen stream opened on a session's endpoint hears that
+    its tools changed (a turn that brought tools ended), in this replica. A stream on another replica
+    hears nothing (the endpoint keeps no state between requests); ``tools/list`` is right on every one."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, dict[object, Callable[[ServerEvent], None]]] = {}
+
+    async def publish(self, event: ServerEvent) -> None:
+        await anyio.lowlevel.checkpoint()  # (nothing is published to every session at once)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        session_id, token = _LISTENING.get(), object()
+        self._listeners.setdefault(session_id, {})[token] = listener
+
+        def unsubscribe() -> None:
+            listeners = self._listeners.get(session_id, {})
+            listeners.pop(token, None)
+            if not listeners:
+                self._listeners.pop(session_id, None)
+
+        return unsubscribe
+
+    def tools_changed(self, session_id: str) -> None:
+        for listener in list(self._listeners.get(session_id, {}).values()):
+            listener(ToolsListChanged())
+
+
+def session_server(events: SessionEvents | None = None) -> Server[Any]:
+    listen = ListenHandler(events or SessionEvents())
+
+    async def on_listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+        engine = _engine(ctx)
+        try:  # the session must be the caller's, as for every other request
+            await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx), blobs=False)
+        except ServiceError as exc:
+            raise service_error(exc) from exc
+        token = _LISTENING.set(_session_id(ctx))
+        try:
+            return await listen(ctx, params)
+        finally:
+            _LISTENING.reset(token)
+
     return Server("envfoundry-session", version="1.0.0",
                   instructions="The tools of one envfoundry session; every call changes that session's state.",
-                  on_list_tools=_list_session_tools, on_call_tool=_call_session_tool)
+                  on_list_tools=_list_session_tools, on_call_tool=_call_session_tool, on_subscriptions_listen=on_listen)
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -404,7 +454,9 @@ async def serving(app: FastAPI, max_body_bytes: int) -> AsyncIterator[None]:
     """Run both MCP managers for the app's lifetime (enter inside the app's lifespan)."""
     _quiet_client_errors()
     async with AsyncExitStack() as stack:
-        for name, server in (("mcp_session", session_server()), ("mcp_service", service_server())):
+        events = SessionEvents()
+        app.state.sessions.turns.tools_changed.append(events.tools_changed)
+        for name, server in (("mcp_session", session_server(events)), ("mcp_service", service_server())):
             manager = StreamableHTTPSessionManager(server, json_response=True, stateless=True,
                                                    max_request_body_size=max_body_bytes)
             await stack.enter_async_context(manager.run())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,9 @@ class Turns:
     def __init__(self, engine: Sessions) -> None:
         self.engine = engine
         self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()  # session -> (step, turns ended by then)
+        # Told the id of a session whose tools changed when a turn ended here (MCP's listen streams, in
+        # this replica: ``service.mcp``).
+        self.tools_changed: list[Callable[[str], None]] = []
 
     async def scenario(self, snap: Snapshot) -> Scenario | None:
         """The session's scenario when it is turn-based."""
@@ -237,7 +241,11 @@ class Turns:
             raise SessionBusy(str(exc)) from exc
         except StoreError as exc:
             raise Unavailable(str(exc)) from exc
-        return self._answer(record, env, scenario), False
+        answer = self._answer(record, env, scenario)
+        if answer["new_tools"]:
+            for tell in self.tools_changed:
+                tell(session_id)
+        return answer, False
 
     @staticmethod
     def _answer(record: dict[str, Any], env: Environment, scenario: Scenario) -> dict[str, Any]:

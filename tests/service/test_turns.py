@@ -12,10 +12,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from envfoundry_client import Client, TurnsEnded
 from mcp import Client as MCPClient
+from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.conftest import ROOT, Server, drop_keys, start_server
 
@@ -198,6 +200,19 @@ async def test_mcp_offers_a_turns_tools_and_ends_turns(store: tuple[Server, dict
     async with MCPClient(f"{server.url}/v1/mcp") as service:
         answer = await service.call_tool("end_turn", {"session_id": sid, "content": "done"})
         assert answer.structured_content["ended_turn"] == 1 and answer.structured_content["turn"] == 2
+
+
+@pytest.mark.anyio
+async def test_mcp_listen_streams_hear_that_a_turn_brought_tools(store: tuple[Server, dict[str, str]],
+                                                                 http: httpx.Client) -> None:
+    server = store[0]
+    sid = http.post("/v1/sessions", json={"scenario_id": SCENARIO}).json()["session_id"]
+    async with MCPClient(f"{server.url}/v1/sessions/{sid}/mcp", mode="auto") as mcp, \
+            mcp.listen(tools_list_changed=True) as stream, httpx.AsyncClient(base_url=server.url) as rest:
+        assert (await rest.post(f"/v1/sessions/{sid}/turns")).json()["turn"] == 1  # ended over REST
+        with anyio.fail_after(30):
+            assert isinstance(await stream.__anext__(), ToolsListChanged)
+        assert "archive" in [t.name for t in (await mcp.list_tools()).tools]
 
 
 def test_openenv_episodes_end_turns(store: tuple[Server, dict[str, str]]) -> None:
