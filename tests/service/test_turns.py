@@ -122,6 +122,16 @@ def test_each_turn_is_scored_when_it_ends_and_partial_credit_counts_turns(http: 
     assert score["passed"] == 3 and score["total"] == 5
 
 
+def test_a_retried_turn_end_is_answered_once(http: httpx.Client) -> None:
+    sid = http.post("/v1/sessions", json={"scenario_id": SCENARIO}).json()["session_id"]
+    first = http.post(f"/v1/sessions/{sid}/turns", json={}, headers={"Idempotency-Key": "end-1"})
+    again = http.post(f"/v1/sessions/{sid}/turns", json={}, headers={"Idempotency-Key": "end-1"})
+    assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
+    assert http.get(f"/v1/sessions/{sid}/turns").json()["turn"] == 1  # one turn ended, not two
+    other = http.post(f"/v1/sessions/{sid}/turns", json={"content": "x"}, headers={"Idempotency-Key": "end-1"})
+    assert other.status_code == 422 and other.json()["type"] == "urn:envfoundry:problem:idempotency-key-reused"
+
+
 def test_forks_keep_the_turn_they_were_made_in(http: httpx.Client) -> None:
     sid = http.post("/v1/sessions", json={"scenario_id": SCENARIO}).json()["session_id"]
     call(http, sid, "add_note", {"title": "plan", "text": "ship it"})
