@@ -102,8 +102,19 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
 
 async def _validate_turns(sessions: Sessions, scenario: Scenario, where: str, report: Report) -> None:
     """A turn-based scenario: each turn's part of the reference solution, then the turn ended, as an agent
-    would; every turn's checks must pass. A turn without a part of the solution is ended with no call."""
+    would; every turn's checks must pass. A turn without a part of the solution is ended with no call.
+    An agent that only ends every turn must not score 1.0 (unless the scenario says so)."""
     try:
+        idle = (await sessions.create(scenario.scenario_id, None, None)).meta.session_id
+        for _ in scenario.turns:
+            await sessions.turns.end(idle, None)
+        nothing = await sessions.score(idle)
+        await sessions.delete(idle)
+        if nothing["reward"] == 1.0 and scenario.unchanged_is_correct:
+            report.notes.append(f"{where}: an agent that ends every turn without a call scores 1.0, as declared "
+                                "(unchanged_is_correct)")
+        elif nothing["reward"] == 1.0:
+            report.problems.append(f"{where}: an agent that ends every turn without a call scores 1.0")
         sid = (await sessions.create(scenario.scenario_id, None, None)).meta.session_id
         for t, turn in enumerate(scenario.turns):
             for i, call in enumerate(turn.reference_solution or ()):
