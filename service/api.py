@@ -205,6 +205,8 @@ async def get_scenario(scenario_id: str, who: Principal = Run,
 @router.post("/v1/scenarios", status_code=201, response_model=schemas.ScenarioDetail, tags=["scenarios"])
 async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
                           reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
+    if body.task is None and not body.turns:
+        raise InvalidRequest("task is required unless turns are given", field="task")
     turn_list = tuple(Turn(
         message=t.message, tools=tuple(t.tools),
         checklist=tuple(CatalogCheck(item=c.item, check=c.check, kind=c.kind) for c in t.checklist),

@@ -147,12 +147,6 @@ class ScenarioCreate(Strict):
     tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS, description=TAGS_MEANING)
     turns: list[TurnSpec] | None = Field(default=None, min_length=1, max_length=MAX_TURNS, description=TURNS_MEANING)
 
-    @model_validator(mode="after")
-    def has_task(self) -> ScenarioCreate:
-        if self.task is None and not self.turns:
-            raise ValueError("task is required unless turns are given")
-        return self
-
     @field_validator("tags")
     @classmethod
     def distinct(cls, tags: list[str]) -> list[str]:

@@ -175,7 +175,7 @@ def test_bad_input_names_the_field(http: httpx.Client) -> None:
                                            "checklist": [{"item": "x", "check": "def check_func(s):\n    return True"}]})
     assert bad.status_code == 422 and field(bad) == "checklist"
     bad = http.post("/v1/scenarios", json={"env_id": "turn_notes", "init_config": {}})
-    assert bad.status_code == 422
+    assert bad.status_code == 422 and field(bad) == "task"
     bad = http.post("/v1/sessions", json={"scenario_id": SCENARIO, "mode": "conversation"})
     assert bad.status_code == 422 and field(bad) == "mode"
     # A scenario added over the API, with its task derived from its first turn; and one without turns.
