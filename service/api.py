@@ -28,6 +28,7 @@ from service.scenario_index import (
 )
 from service.sessions import Applied, Created, Sessions
 from service.store import Snapshot, StoreError
+from service.versions import check_label
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": schemas.Problem, "content": {MEDIA_TYPE: {}}, "description": text}
@@ -118,7 +119,8 @@ async def list_environments(who: Principal = Run, reg: Registry = Depends(regist
 def _env_detail(env: Any) -> schemas.EnvironmentDetail:
     return schemas.EnvironmentDetail(env_id=env.env_id, class_name=env.class_name, summary=env.summary,
                                      introduction=env.introduction, rules=env.rules, tools=env.tools,
-                                     source=env.code, provenance=env.provenance, requirements=env.requirements)
+                                     source=env.code, provenance=env.provenance, requirements=env.requirements,
+                                     version=env.version, label=env.label or None)
 
 
 @router.get("/v1/environments/{env_id}", response_model=schemas.EnvironmentDetail, tags=["environments"])
@@ -127,9 +129,24 @@ async def get_environment(env_id: str, who: Principal = Run,
     return _env_detail(await reg.environment(env_id, who.tenant))
 
 
+@router.get("/v1/catalog/manifest", response_model=schemas.CatalogManifest, tags=["environments"])
+async def catalog_manifest(request: Request, who: Principal = Run) -> schemas.CatalogManifest:
+    """The version of everything the loaded catalogs serve (what API tenants added is not part of it)."""
+    return schemas.CatalogManifest.model_validate(request.app.state.manifest)
+
+
+@router.get("/v1/environments/{env_id}/versions", response_model=schemas.EnvironmentVersions, tags=["environments"])
+async def list_environment_versions(env_id: str, who: Principal = Run,
+                                    reg: Registry = Depends(registry)) -> schemas.EnvironmentVersions:
+    """Every version of the environment this tenant sees, oldest first, with what changed in its tools."""
+    versions = await reg.version_list(env_id, who.tenant)
+    return schemas.EnvironmentVersions.model_validate({"env_id": env_id, "versions": versions})
+
+
 @router.post("/v1/environments", status_code=201, response_model=schemas.EnvironmentDetail, tags=["environments"])
 async def create_environment(body: schemas.EnvironmentCreate, request: Request, who: Principal = Admin,
                              reg: Registry = Depends(registry)) -> schemas.EnvironmentDetail:
+    check_label(body.label)
     try:
         # Static analysis of up to 1 MiB of code, in a bounded child process.
         env = await request.app.state.analysis.environment(
@@ -137,7 +154,7 @@ async def create_environment(body: schemas.EnvironmentCreate, request: Request, 
             introduction=body.introduction, rules=body.rules, tenant=who.tenant, requirements=body.requirements)
     except CatalogError as exc:
         raise InvalidEnvironment(f"{exc.reason}: {exc.message}", reason=exc.reason, field="code") from exc
-    return _env_detail(await reg.add_environment(env, who.tenant))
+    return _env_detail(await reg.add_environment(env, who.tenant, body.label))
 
 
 @router.delete("/v1/environments/{env_id}", status_code=204, response_class=Response, tags=["environments"])
@@ -193,7 +210,7 @@ async def list_scenarios(env_id: str, request: Request, split: str | None = Spli
 
 
 def _scenario_detail(s: Scenario) -> schemas.ScenarioDetail:
-    return schemas.ScenarioDetail.model_validate(s.to_json())
+    return schemas.ScenarioDetail.model_validate({**s.to_json(), "version": s.version, "label": s.label or None})
 
 
 @router.get("/v1/scenarios/{scenario_id}", response_model=schemas.ScenarioDetail, tags=["scenarios"])
@@ -229,7 +246,8 @@ async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
         tags=tuple(body.tags),
         turns=turn_list,
     )
-    return _scenario_detail(await reg.add_scenario(scenario, who.tenant))
+    check_label(body.label)
+    return _scenario_detail(await reg.add_scenario(scenario, who.tenant, body.label))
 
 
 @router.delete("/v1/scenarios/{scenario_id}", status_code=204, response_class=Response, tags=["scenarios"])
@@ -314,7 +332,8 @@ def _info(snap: Snapshot) -> schemas.SessionInfo:
     return schemas.SessionInfo(session_id=meta.session_id, env_id=meta.env_id, scenario_id=meta.scenario_id,
                                parent_id=meta.parent_id, mode="conversation" if meta.mode == "conversation" else "task",
                                done=meta.done, steps=meta.step, created_at=_utc(meta.created_at),
-                               expires_at=_utc(snap.expires_at))
+                               expires_at=_utc(snap.expires_at), env_version=meta.env_version or None,
+                               scenario_version=meta.scenario_version or None)
 
 
 @router.get("/v1/sessions", response_model=schemas.SessionList, tags=["sessions"])

@@ -6,6 +6,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -18,6 +20,7 @@ from service.auth import KeyRing
 from service.catalog import Catalog, bundled_catalog_dir
 from service.fastpath import FastCalls
 from service.limits import BodyLimit
+from service.manifest import drift, manifest
 from service.observability import Metrics, RequestLog
 from service.registry import Registry
 from service.sessions import SessionLimits, Sessions
@@ -45,6 +48,15 @@ def load_catalog(settings: Settings) -> Catalog:
     for problem in catalog.problems:
         log.warning("catalog: %s", problem)
     return catalog
+
+
+def catalog_manifest(settings: Settings, catalog: Catalog) -> dict[str, Any]:
+    """What the service serves from its folders, and how it differs from their lock files (logged)."""
+    drifted = [f"{folder}: {line}" for folder in settings.catalogs or [bundled_catalog_dir()]
+               for line in drift(Path(folder), catalog)]
+    for line in drifted:
+        log.warning("catalog drift: %s", line)
+    return {**manifest(catalog), "drift": drifted}
 
 
 def make_store(settings: Settings) -> SessionStore:
@@ -109,6 +121,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                             packages=packages)
         user = make_user(settings)
         app.state.settings = settings
+        app.state.manifest = catalog_manifest(settings, loaded)
         app.state.keys = keys
         app.state.analysis = Analysis(wait=settings.analysis_wait, metrics=metrics)
         app.state.store = store

@@ -21,6 +21,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,16 @@ class Scenario:
     tags: tuple[str, ...] = ()
     # A turn-based scenario's user turns, in order (none: the task is given at once).
     turns: tuple[Turn, ...] = ()
+    label: str = ""  # a name its adder gave this version (not part of the content)
+    added_at: float = 0.0  # when this version was added over the API (0: a loaded catalog's)
+
+    @cached_property
+    def version(self) -> str:
+        """The digest of what the scenario is: its environment, initial state, task, checks and
+        reference solution (labels such as ``split`` and ``tags`` are not part of it)."""
+        data = self.to_json()
+        fields = VERSIONED_FIELDS + (TURN_FIELDS if self.turns else ())
+        return content_digest({k: data.get(k) for k in fields})
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -282,6 +293,8 @@ class Environment:
     requirements: list[str] = field(default_factory=list)  # packages it declares (PEP 508)
     imports: list[str] = field(default_factory=list)  # what the code imports beyond the standard library
     layers: tuple[str, ...] = ()  # where its requirements are installed, once they are (``service.layers``)
+    label: str = ""  # a name its adder gave this version (``env_id@label``)
+    added_at: float = 0.0  # when this version was added over the API (0: a loaded catalog's)
 
     @property
     def code_hash(self) -> str:
@@ -290,6 +303,14 @@ class Environment:
         if self.requirements:  # (an environment without requirements keeps the hash it always had)
             text += "\0" + "\0".join(self.requirements)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    @cached_property
+    def version(self) -> str:
+        """The digest of what the environment is: its code, the tools its schema shows, its rules and
+        what it requires. Names one version of ``env_id`` for ever (``env_id@<digest prefix>``)."""
+        return content_digest({"class_name": self.class_name, "code": self.code, "tools": self.tools,
+                               "summary": self.summary, "introduction": self.introduction, "rules": self.rules,
+                               "requirements": self.requirements})
 
     @property
     def tool_names(self) -> set[str]:
@@ -316,6 +337,17 @@ class Environment:
         if self.requirements:
             data["requirements"] = list(self.requirements)
         return data
+
+
+VERSIONED_FIELDS = ("env_id", "task", "init_config", "checklist", "reference_solution", "unchanged_is_correct")
+# A turn-based scenario's turns are part of what it is too; a scenario without them keeps the digest it had.
+TURN_FIELDS = ("turns",)
+
+
+def content_digest(data: Any) -> str:
+    """SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces): the same content, the same digest."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def new_scenario_id() -> str:
@@ -442,6 +474,7 @@ class Catalog:
         self.environments: dict[str, Environment] = {}
         self.scenarios: dict[str, Scenario] = {}
         self.problems: list[str] = []
+        self.origins: dict[str, Path] = {}  # env_id -> the catalog folder it was loaded from
         # Bumped on every change, so indexes built over the catalog know when to rebuild.
         self.version = 0
 
@@ -504,6 +537,7 @@ class Catalog:
             try:
                 env, scenarios, problems = read_package(folder)
                 self.add_environment(env)
+                self.origins.setdefault(env.env_id, root.resolve())
             except CatalogError as exc:
                 self.problems.append(f"{exc.path or folder}: {exc.message} (package skipped)")
                 continue

@@ -61,6 +61,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lock(args: argparse.Namespace) -> int:
+    from service.catalog import CatalogError
+    from service.manifest import LOCK_FILE, lock
+
+    status = 0
+    for folder in map(Path, args.dirs):
+        try:
+            written = lock(folder)
+        except CatalogError as exc:
+            print(f"PROBLEM {exc.message}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{folder / LOCK_FILE}: {len(written['environments'])} environments, {len(written['scenarios'])} "
+              f"scenarios, digest {written['digest']}")
+    return status
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from service.app import make_pool
     from service.validate import validate_catalog
@@ -225,6 +242,11 @@ def parser() -> argparse.ArgumentParser:
     validate.add_argument("dirs", nargs="+", metavar="DIR")
     validate.add_argument("--workers", type=int)
     validate.set_defaults(run=cmd_validate)
+
+    locking = catalog.add_parser("lock", help="write each catalog folder's manifest (envfoundry.lock.json): the "
+                                              "version of every environment and scenario in it")
+    locking.add_argument("dirs", nargs="+", metavar="DIR")
+    locking.set_defaults(run=cmd_lock)
 
     imp = catalog.add_parser("import-envscaler", help="convert EnvScaler's released JSON into packages")
     imp.add_argument("envs", metavar="ENVS.json")

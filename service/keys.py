@@ -68,8 +68,9 @@ class Keys:
         return f"{self.prefix}:tenant:{_tag(tenant)}:record-bytes"
 
     def records(self, kind: str, tenant: str = "") -> str:
-        """A tenant's catalog records of ``kind`` ('environments' or 'scenarios'), one hash."""
-        if kind not in ("environments", "scenarios"):
+        """A tenant's catalog records of ``kind`` ('environments', 'scenarios' or the versions of
+        either, 'environment_versions' and 'scenario_versions'), one hash."""
+        if kind not in ("environments", "scenarios", "environment_versions", "scenario_versions"):
             raise ValueError(f"unknown record kind {kind!r}")
         return f"{self.prefix}:catalog:{tenant + ':' if tenant else ''}{kind}"
 

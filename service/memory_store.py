@@ -349,6 +349,14 @@ class MemoryStore:
             self._record_bytes[tenant] = self._record_bytes.get(tenant, 0) + size
         return existing
 
+    async def set_record(self, kind: str, key: str, value: str, *, tenant: str = "", quota: int | None = None) -> None:
+        records = self._records.setdefault((tenant, kind), {})
+        old = records.get(key)
+        grown = stored_bytes(value) - (0 if old is None else stored_bytes(old))
+        self._reserve(tenant, grown, quota)
+        records[key] = value
+        self._record_bytes[tenant] = self._record_bytes.get(tenant, 0) + grown
+
     async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
         return self._records.get((tenant, kind), {}).get(key)
 

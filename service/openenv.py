@@ -38,6 +38,7 @@ from service.scenario_index import ScenarioQuery
 from service.schemas import MAX_SEED
 from service.sessions import Applied, Sessions
 from service.store import Snapshot
+from service.versions import split
 
 # OpenEnv's ToolError.error_type for each of our tool error types.
 TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "invalid_arguments": "invalid_args", "timeout": "timeout",
@@ -87,7 +88,8 @@ class Episodes:
 
     def __init__(self, engine: Sessions, env_id: str, tenant: str) -> None:
         self.engine = engine
-        self.env_id = env_id
+        self.env_id = env_id  # may name one version: ``env_id@<digest prefix or label>``
+        self.name = split(env_id)[0]
         self.tenant = tenant
 
     async def environment(self) -> Environment:
@@ -95,7 +97,7 @@ class Episodes:
         return await self.engine.registry.environment(self.env_id, self.tenant)
 
     async def scenarios(self) -> Sequence[Scenario]:
-        return await self.engine.registry.select(ScenarioQuery(env=self.env_id), self.tenant)
+        return await self.engine.registry.select(ScenarioQuery(env=self.name), self.tenant)
 
     async def episode(self, episode_id: str) -> Snapshot:
         """The episode's session, which must be of this environment.
@@ -105,7 +107,7 @@ class Episodes:
             InvalidRequest: the episode is another environment's.
         """
         snap = await self.engine.snapshot(episode_id, tenant=self.tenant, blobs=False)
-        if snap.meta.env_id != self.env_id:
+        if snap.meta.env_id != self.name:
             raise InvalidRequest(f"episode '{episode_id}' is of environment '{snap.meta.env_id}', not "
                                  f"'{self.env_id}'; use that environment's base URL", field="episode_id")
         return snap
@@ -173,7 +175,7 @@ class Episodes:
             if not isinstance(scenario_id, str):
                 raise InvalidRequest("scenario_id must be a string", field="scenario_id")
             scenario = await self.engine.registry.scenario(scenario_id, self.tenant)
-            if scenario.env_id != self.env_id:
+            if scenario.env_id != self.name:
                 raise InvalidRequest(f"scenario '{scenario_id}' is of environment '{scenario.env_id}', not "
                                      f"'{self.env_id}'", field="scenario_id")
             return scenario, None

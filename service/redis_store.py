@@ -1046,6 +1046,19 @@ class RedisStore:
         return None if existing is None else str(existing)
 
     @_translated
+    async def set_record(self, kind: str, key: str, value: str, *, tenant: str = "", quota: int | None = None) -> None:
+        name = self.keys.records(kind, tenant)
+        old = int(await self.client.hstrlen(name, key))
+        # (the bytes of a record replaced concurrently may be counted a little off; never a write lost)
+        grown = stored_bytes(value) - old
+        await self._reserve(tenant, {"#records": grown}, quota if grown > 0 else None)
+        try:
+            await self.client.hset(name, key, value)
+        except BaseException:
+            await self._unreserve(tenant, {"#records": grown})
+            raise
+
+    @_translated
     async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:
         value = await self.client.hget(self.keys.records(kind, tenant), key)
         return None if value is None else str(value)

@@ -14,10 +14,11 @@ import hashlib
 import heapq
 import json
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool import EnvCode, WorkerPool
@@ -34,8 +35,14 @@ from service.problems import (
 from service.requirements import SETTING, AllowList, Packages
 from service.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
 from service.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
+from service.versions import chosen, key, split, tool_changes
 
 PARSED_CACHE = 512
+T = TypeVar("T")
+# Every version of an id is a record of its own, in a kind of its own (so they count against the
+# tenant's bytes, not its number of environments or scenarios).
+VERSIONS = {"environments": "environment_versions", "scenarios": "scenario_versions"}
+SHARED = ""  # the tenant whose records hold the loaded catalogs' versions: every tenant sees those
 
 
 def env_code(env: Environment) -> EnvCode:
@@ -67,17 +74,26 @@ class Registry:
         self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
         self._index: ScenarioIndex | None = None
         self._indexed_version = -1
+        self._published: set[str] = set()  # catalog versions this process has stored (see ``publish``)
 
     async def environment(self, env_id: str, tenant: str = "") -> Environment:
-        """Raises NotFound."""
+        """The latest version of ``env_id``, or the one ``env_id@<digest prefix or label>`` names.
+
+        Raises NotFound (InvalidRequest for an ambiguous prefix)."""
+        name, selector = split(env_id)
+        if selector is not None:
+            return await self._attached(chosen("environment", name, selector,
+                                               await self.environment_versions(name, tenant)))
         env = self.catalog.environments.get(env_id)
         if env is not None:
             return env
         record = await self.store.get_record("environments", env_id, tenant=tenant)
         if record is None:
             raise NotFound(f"environment '{env_id}' not found")
-        env = self._environment_from(record)
-        if env.requirements:  # (the layer is found in memory after the first use on this replica)
+        return await self._attached(self._environment_from(record))
+
+    async def _attached(self, env: Environment) -> Environment:
+        if env.requirements and not env.layers:  # (the layer is found in memory after the first use here)
             try:
                 env = await self.packages.attach(env)
             except CatalogError as exc:
@@ -85,7 +101,12 @@ class Registry:
         return env
 
     async def scenario(self, scenario_id: str, tenant: str = "") -> Scenario:
-        """Raises NotFound."""
+        """The latest version of ``scenario_id``, or the one ``scenario_id@<prefix or label>`` names.
+
+        Raises NotFound."""
+        name, selector = split(scenario_id)
+        if selector is not None:
+            return chosen("scenario", name, selector, await self.scenario_versions(name, tenant))
         scenario = self.catalog.scenarios.get(scenario_id)
         if scenario is not None:
             return scenario
@@ -93,6 +114,74 @@ class Registry:
         if record is None:
             raise NotFound(f"scenario '{scenario_id}' not found")
         return self._scenario_from(record)
+
+    # -- versions -------------------------------------------------------------------------------
+    async def environment_versions(self, env_id: str, tenant: str = "") -> list[Environment]:
+        """Every version of ``env_id`` this tenant sees, oldest first (a loaded catalog's current
+        one last among those of its own)."""
+        found = {env.version: env for env in map(self._environment_from, await self._versions("environments",
+                                                                                                env_id, tenant))}
+        current = self.catalog.environments.get(env_id)
+        if current is not None:
+            found.pop(current.version, None)
+            found[current.version] = current
+        return list(found.values())
+
+    async def scenario_versions(self, scenario_id: str, tenant: str = "") -> list[Scenario]:
+        found = {s.version: s for s in map(self._scenario_from, await self._versions("scenarios", scenario_id, tenant))}
+        current = self.catalog.scenarios.get(scenario_id)
+        if current is not None:
+            found.pop(current.version, None)
+            found[current.version] = current
+        return list(found.values())
+
+    async def _versions(self, kind: str, name: str, tenant: str) -> list[str]:
+        records: dict[str, str] = {}
+        for owner in dict.fromkeys((SHARED, tenant)):
+            every = await self.store.all_records(VERSIONS[kind], tenant=owner)
+            records.update((k, v) for k, v in every.items() if split(k)[0] == name)
+        return sorted(records.values(), key=lambda r: float(json.loads(r).get("added_at") or 0))
+
+    async def pinned_environment(self, env_id: str, version: str, registration: str, tenant: str) -> Environment | None:
+        """The version of ``env_id`` a session started on, if that registration of it still exists."""
+        for owner in dict.fromkeys((tenant, SHARED)):
+            record = await self.store.get_record(VERSIONS["environments"], key(env_id, version), tenant=owner)
+            if record is not None:
+                env = self._environment_from(record)
+                if env.registration == registration:
+                    return await self._attached(env)
+        return None
+
+    async def pinned_scenario(self, scenario_id: str, version: str, tenant: str) -> Scenario | None:
+        for owner in dict.fromkeys((tenant, SHARED)):
+            record = await self.store.get_record(VERSIONS["scenarios"], key(scenario_id, version), tenant=owner)
+            if record is not None:
+                return self._scenario_from(record)
+        return None
+
+    async def publish(self, env: Environment, scenario: Scenario | None) -> None:
+        """Keep the loaded catalog's versions a session starts on, so that it goes on with them
+        after a restart serves changed files under the same ids (once per version and process)."""
+        if self.catalog.environments.get(env.env_id) is env and env.version not in self._published:
+            await self.store.put_record(VERSIONS["environments"], key(env.env_id, env.version),
+                                        _env_record(env), tenant=SHARED)
+            self._published.add(env.version)
+        if scenario is not None and self.catalog.scenarios.get(scenario.scenario_id) is scenario \
+                and scenario.version not in self._published:
+            await self.store.put_record(VERSIONS["scenarios"], key(scenario.scenario_id, scenario.version),
+                                        json.dumps(scenario.to_json()), tenant=SHARED)
+            self._published.add(scenario.version)
+
+    async def version_list(self, env_id: str, tenant: str = "") -> list[dict[str, Any]]:
+        """``env_id``'s versions, oldest first, each with what changed in its tools from the one before."""
+        latest = await self.environment(env_id, tenant)
+        listed, before = [], None
+        for env in await self.environment_versions(env_id, tenant):
+            listed.append({"version": env.version, "label": env.label or None, "added_at": env.added_at or None,
+                           "latest": env.version == latest.version, "tools": sorted(env.tool_names),
+                           "changes": tool_changes(before.tools if before else [], env.tools)})
+            before = env
+        return listed
 
     async def environments(self, tenant: str = "") -> list[Environment]:
         envs = dict(self.catalog.environments)
@@ -141,19 +230,34 @@ class Registry:
             counts[scenario.env_id] = counts.get(scenario.env_id, 0) + 1
         return counts
 
-    async def add_environment(self, env: Environment, tenant: str = "") -> Environment:
-        """Validate ``env`` in the sandbox and publish it for ``tenant``.
+    async def add_environment(self, env: Environment, tenant: str = "", label: str | None = None) -> Environment:
+        """Validate ``env`` in the sandbox and publish it for ``tenant`` as the latest version of its
+        id (other code under an existing id is a new version; the same code is the version it was).
 
         Raises:
-            Conflict: the id holds different code (or belongs to a loaded catalog).
+            Conflict: the id belongs to a loaded catalog, or ``label`` names another version.
             InvalidEnvironment: the code fails to load or to instantiate with ``{}``.
             QuotaExceeded: the tenant holds as many environments as it may.
         """
-        existing: Environment | None = await self._existing(self.environment, env.env_id, tenant)
-        if existing is not None:
-            if existing.code_hash != env.code_hash:
-                raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")
-            return existing
+        loaded = self.catalog.environments.get(env.env_id)
+        if loaded is not None:
+            if loaded.version != env.version:
+                raise Conflict(f"environment '{env.env_id}' belongs to a catalog loaded from disk, with other code; "
+                               "a new version of it goes in that catalog's folder", field="env_id")
+            return loaded
+        versions = await self.environment_versions(env.env_id, tenant)
+        same = next((v for v in versions if v.version == env.version), None)
+        if label and any(v.label == label and v.version != env.version for v in versions):
+            raise Conflict(f"environment '{env.env_id}' already has a version labelled '{label}'", field="label")
+        if same is not None:  # a version it had: the latest again (with the label given, if any)
+            if label and same.label != label:
+                same = replace(same, label=label)
+                try:
+                    await self.store.set_record(VERSIONS["environments"], key(same.env_id, same.version),
+                                                _env_record(same), tenant=tenant, quota=self.max_tenant_bytes)
+                except BytesQuota as exc:
+                    raise self._over(exc.used, exc.needed) from None
+            return await self._made_latest("environments", env.env_id, same, _env_record(same), tenant)
         # The record is a little larger than the code: a tenant at its quota spends no sandbox time.
         await self._check_room(stored_bytes(env.code), tenant)
         try:
@@ -169,59 +273,84 @@ class Registry:
         if failure is not None:
             raise InvalidEnvironment(f"{failure['kind']}: {failure['message']}", reason=failure["kind"])
         # The analysed tools travel with the record: replicas never parse the code again.
-        env = replace(env, registration=secrets.token_hex(8))
-        record = json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools,
-                             "analysed_imports": env.imports, "registration": env.registration})
-        previous = await self._put("environments", env.env_id, record, tenant, self.max_environments)
-        if previous is not None:
-            winner = self._environment_from(previous)
-            if winner.code_hash != env.code_hash:
-                raise Conflict(f"environment '{env.env_id}' already exists with different code", field="env_id")
-            return winner
-        return env
+        env = replace(env, registration=secrets.token_hex(8), label=label or "", added_at=time.time())
+        record = _env_record(env)
+        await self._put(VERSIONS["environments"], key(env.env_id, env.version), record, tenant, None)
+        return await self._made_latest("environments", env.env_id, env, record, tenant)
 
-    async def add_scenario(self, scenario: Scenario, tenant: str = "") -> Scenario:
-        """Raises NotFound (unknown env), InvalidRequest (a check does not parse), Conflict, QuotaExceeded."""
+    async def _made_latest(self, kind: str, name: str, made: T, record: str, tenant: str) -> T:
+        """Make ``record`` (a version of ``name``) the one its bare id names."""
+        limit = self.max_environments if kind == "environments" else self.max_scenarios
+        previous = await self._put(kind, name, record, tenant, limit)  # (a new id counts against the limit)
+        if previous is not None and previous != record:
+            try:
+                await self.store.set_record(kind, name, record, tenant=tenant, quota=self.max_tenant_bytes)
+            except BytesQuota as exc:
+                raise self._over(exc.used, exc.needed) from None
+        return made
+
+    async def add_scenario(self, scenario: Scenario, tenant: str = "", label: str | None = None) -> Scenario:
+        """Publish ``scenario`` as the latest version of its id (other content under an existing id
+        is a new version).
+
+        Raises NotFound (unknown env), InvalidRequest (a check does not parse), Conflict, QuotaExceeded."""
         probe = Catalog()
         probe.environments[scenario.env_id] = await self.environment(scenario.env_id, tenant)
+        loaded = self.catalog.scenarios.get(scenario.scenario_id)
+        if loaded is not None and loaded.version != scenario.version:
+            raise Conflict(f"scenario '{scenario.scenario_id}' belongs to a catalog loaded from disk, with other "
+                           "content", field="scenario_id")
         try:
             probe.add_scenario(scenario)
-            existing = await self._existing(self.scenario, scenario.scenario_id, tenant)
-            if existing is not None and existing.to_json() != scenario.to_json():
-                raise ConflictError(f"scenario '{scenario.scenario_id}' already exists with different content")
         except ConflictError as exc:
             raise Conflict(exc.message, field="scenario_id") from exc
         except CatalogError as exc:
             raise InvalidRequest(exc.message, field=exc.field) from exc
-        if existing is None:
-            previous = await self._put("scenarios", scenario.scenario_id, json.dumps(scenario.to_json()), tenant,
-                                       self.max_scenarios)
-            if previous is not None and json.loads(previous) != scenario.to_json():
-                raise Conflict(f"scenario '{scenario.scenario_id}' already exists with different content",
-                               field="scenario_id")
-        return scenario
+        if loaded is not None:
+            return loaded
+        versions = await self.scenario_versions(scenario.scenario_id, tenant)
+        if label and any(v.label == label and v.version != scenario.version for v in versions):
+            raise Conflict(f"scenario '{scenario.scenario_id}' already has a version labelled '{label}'",
+                           field="label")
+        same = next((v for v in versions if v.version == scenario.version), None)
+        if same is None or same.to_json() != scenario.to_json() or (label and same.label != label):
+            # a new version, or new labels (split, tags, its name) on one: those are not its content
+            same = replace(scenario, label=label or (same.label if same else ""),
+                           added_at=same.added_at if same else time.time())
+            try:
+                await self.store.set_record(VERSIONS["scenarios"], key(same.scenario_id, same.version),
+                                            _scenario_record(same), tenant=tenant, quota=self.max_tenant_bytes)
+            except BytesQuota as exc:
+                raise self._over(exc.used, exc.needed) from None
+        latest: Scenario | None = await self._existing(self.scenario, scenario.scenario_id, tenant)
+        if latest is not None and latest.to_json() == same.to_json() and latest.label == same.label:
+            return latest
+        return await self._made_latest("scenarios", scenario.scenario_id, same, _scenario_record(same), tenant)
 
-    async def delete(self, kind: str, key: str, tenant: str = "") -> None:
-        """Remove an environment or scenario the tenant added.
+    async def delete(self, kind: str, name: str, tenant: str = "") -> None:
+        """Remove an environment or scenario the tenant added, with every version of it.
 
         Raises:
             Forbidden: it belongs to a loaded catalog (read-only to everyone).
             NotFound: the tenant holds no such record.
         """
         loaded = self.catalog.environments if kind == "environments" else self.catalog.scenarios
-        if key in loaded:
-            raise Forbidden(f"'{key}' belongs to a catalog loaded from disk; those are read-only")
-        env = await self._existing(self.environment, key, tenant) if kind == "environments" else None
-        if not await self.store.delete_record(kind, key, tenant=tenant):
-            raise NotFound(f"{kind[:-1]} '{key}' not found")
-        if env is not None and not self._in_use(env_code(env).key):
-            self.pool.unload(env_code(env).key)  # its sessions' live processes end with its hosts
+        if name in loaded:
+            raise Forbidden(f"'{name}' belongs to a catalog loaded from disk; those are read-only")
+        envs = await self.environment_versions(name, tenant) if kind == "environments" else []
+        if not await self.store.delete_record(kind, name, tenant=tenant):
+            raise NotFound(f"{kind[:-1]} '{name}' not found")
+        for version in [k for k in await self.store.all_records(VERSIONS[kind], tenant=tenant) if split(k)[0] == name]:
+            await self.store.delete_record(VERSIONS[kind], version, tenant=tenant)  # every version goes with the id
+        for env in envs:
+            if not self._in_use(env_code(env).key):
+                self.pool.unload(env_code(env).key)  # its sessions' live processes end with its hosts
 
     def _in_use(self, code_key: str) -> bool:
         """Whether a catalog environment runs the same code (hosts are shared by code hash)."""
         return any(env_code(env).key == code_key for env in self.catalog.environments.values())
 
-    async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int) -> str | None:
+    async def _put(self, kind: str, key: str, record: str, tenant: str, limit: int | None) -> str | None:
         try:
             return await self.store.put_record(kind, key, record, tenant=tenant, limit=limit,
                                                quota=self.max_tenant_bytes)
@@ -265,8 +394,27 @@ class Registry:
         return env
 
     def _scenario_from(self, record: str) -> Scenario:
-        scenario: Scenario = self._cached(record, Scenario.from_json)
+        scenario: Scenario = self._cached(record, _scenario_from_record)
         return scenario
+
+
+def _env_record(env: Environment) -> str:
+    return json.dumps({**env.manifest(), "code": env.code, "analysed_tools": env.tools,
+                       "analysed_imports": env.imports, "registration": env.registration,
+                       **({"label": env.label} if env.label else {}),
+                       **({"added_at": env.added_at} if env.added_at else {})})
+
+
+def _scenario_record(scenario: Scenario) -> str:
+    return json.dumps({**scenario.to_json(), **({"label": scenario.label} if scenario.label else {}),
+                       **({"added_at": scenario.added_at} if scenario.added_at else {})})
+
+
+def _scenario_from_record(data: dict[str, Any]) -> Scenario:
+    scenario = Scenario.from_json(data)
+    if data.get("label") or data.get("added_at"):
+        scenario = replace(scenario, label=str(data.get("label") or ""), added_at=float(data.get("added_at") or 0))
+    return scenario
 
 
 def _env_from_record(data: dict[str, Any]) -> Environment:
@@ -289,4 +437,6 @@ def _env_from_record(data: dict[str, Any]) -> Environment:
         registration=data.get("registration", ""),  # records written before registrations had none
         requirements=list(data.get("requirements") or []),
         imports=list(data.get("analysed_imports") or []),
+        label=str(data.get("label") or ""),
+        added_at=float(data.get("added_at") or 0),
     )

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sandbox.answers import ToolError
 from service.catalog import LABEL_PATTERN, MAX_TAGS, MAX_TURNS
+from service.versions import LABEL_PATTERN as VERSION_LABEL
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -17,6 +18,37 @@ IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 ErrorType = Literal["unknown_tool", "invalid_arguments", "tool_exception", "timeout", "resource_limit",
                     "sandbox_error"]
 assert get_args(ErrorType) == tuple(kind.value for kind in ToolError), "ErrorType must list ToolError's values"
+
+
+VERSION_MEANING = ("The digest of its code, tools, rules and requirements: env_id@<digest or a prefix of 6 or "
+                   "more> names this version for ever.")
+SCENARIO_VERSION_MEANING = ("The digest of its environment id, initial state, task, checks and reference solution: "
+                            "scenario_id@<digest prefix> names this version for ever.")
+
+
+class EnvironmentVersion(BaseModel):
+    version: str = Field(description=VERSION_MEANING)
+    label: str | None
+    added_at: float | None = Field(description="When it was added over the API (unix time); null for a loaded "
+                                                "catalog's.")
+    latest: bool = Field(description="Whether the bare env_id names it.")
+    tools: list[str]
+    changes: dict[str, list[str]] = Field(description="Tools added, removed and changed (description or parameters) "
+                                                      "from the version before it.")
+
+
+class CatalogManifest(BaseModel):
+    digest: str = Field(description="One digest of every version below: two services serve the same catalogs "
+                                    "exactly when theirs agree.")
+    environments: dict[str, str] = Field(description="The version of each environment the loaded catalogs serve.")
+    scenarios: dict[str, str] = Field(description="The version of each scenario the loaded catalogs serve.")
+    drift: list[str] = Field(description="How the loaded folders differ from their lock files "
+                                         "(envfoundry catalog lock); empty when they agree or have none.")
+
+
+class EnvironmentVersions(BaseModel):
+    env_id: str
+    versions: list[EnvironmentVersion] = Field(description="Oldest first.")
 
 
 class Strict(BaseModel):
@@ -49,6 +81,8 @@ class EnvironmentDetail(BaseModel):
     )
     requirements: list[str] = Field(default_factory=list, description="Packages it declares (see "
                                     "EnvironmentCreate.requirements).")
+    version: str = Field(default="", description=VERSION_MEANING)
+    label: str | None = Field(default=None, description="The name its adder gave this version, if any.")
 
 
 # Bounds on what clients submit; each is named in the 422 that enforces it.
@@ -59,7 +93,11 @@ MAX_SOLUTION_CALLS = 1000
 
 
 class EnvironmentCreate(Strict):
-    env_id: str = Field(pattern=ID_PATTERN)
+    env_id: str = Field(pattern=ID_PATTERN, description=(
+        "Its id. Other code under an existing id is that id's new, latest version; the earlier ones stay "
+        "servable as env_id@<version> and the sessions made from them go on with them."))
+    label: str | None = Field(default=None, pattern=VERSION_LABEL, description=(
+        "A name for this version, unique under the id (env_id@label names it)."))
     class_name: str = Field(pattern=IDENTIFIER)
     code: str = Field(min_length=1, max_length=1 << 20)
     summary: str = Field(default="", max_length=MAX_TEXT)
@@ -133,10 +171,16 @@ class ScenarioDetail(BaseModel):
     split: str | None = Field(default=None, description=SPLIT_MEANING)
     tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
     turns: list[TurnSpec] | None = Field(default=None, description=TURNS_MEANING)
+    version: str = Field(default="", description=SCENARIO_VERSION_MEANING)
+    label: str | None = Field(default=None, description="The name its adder gave this version, if any.")
 
 
 class ScenarioCreate(Strict):
-    scenario_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    scenario_id: str | None = Field(default=None, pattern=ID_PATTERN, description=(
+        "Its id. Other content under an existing id is that id's new, latest version; sessions made from an "
+        "earlier one go on with its initial state and checks."))
+    label: str | None = Field(default=None, pattern=VERSION_LABEL, description=(
+        "A name for this version, unique under the id (scenario_id@label names it)."))
     env_id: str = Field(max_length=128)
     task: str | None = Field(default=None, max_length=MAX_TEXT, description=(
         "The task; required unless turns are given (then it defaults to the first turn's message)."))
@@ -228,6 +272,8 @@ class SessionInfo(BaseModel):
     steps: int
     created_at: datetime
     expires_at: datetime
+    env_version: str | None = Field(default=None, description="The environment version it runs (" + "its digest).")
+    scenario_version: str | None = Field(default=None, description="The scenario version it runs (its digest).")
 
 
 class SessionList(BaseModel):
@@ -373,6 +419,8 @@ class Score(BaseModel):
     turns: list[TurnScore] | None = Field(default=None, description="Turn-based scenarios: each turn's checks.")
     turns_passed: int | None = Field(default=None, description="Turn-based scenarios: turns whose checks all passed.")
     partial_credit: float | None = Field(default=None, description="Turn-based scenarios: turns_passed / turns.")
+    env_version: str | None = Field(default=None, description="The environment version the session ran.")
+    scenario_version: str | None = Field(default=None, description="The scenario version whose checks scored it.")
 
 
 class Health(BaseModel):

@@ -56,6 +56,7 @@ from service.store import (
 )
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
+from service.versions import split
 
 TEMPLATE_KEYS = 4096  # scenarios whose template key is kept
 DIGEST_TEXT_BYTES = 64 << 20  # initial states whose digest is kept, by the size of their texts
@@ -144,7 +145,9 @@ class Sessions:
         """Create ``n`` sessions sharing one initial state (all or none); with ``seed``, every draw
         is reproducible (see ``_streams`` for a group's)."""
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
-        env = await self.registry.environment(scenario.env_id if scenario else str(env_id), tenant)
+        # (with a scenario, its environment's latest version, unless ``env_id`` names one of that id)
+        pinned = env_id is not None and scenario is not None and split(env_id)[0] == scenario.env_id
+        env = await self.registry.environment(scenario.env_id if scenario and not pinned else str(env_id), tenant)
         config = scenario.init_config if scenario else (init_config or {})
         if _unicode_problem(config):
             raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
@@ -162,9 +165,12 @@ class Sessions:
             state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template,
                                               stream=first, seed=seed)
             now = time.time()
+            await self._store(self.registry.publish(env, scenario))
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration, stream=stream,
-                                 seed=own) for sid, stream, own in zip(ids, streams, seeds, strict=True)]
+                                 seed=own, env_version=env.version,
+                                 scenario_version=scenario.version if scenario else "")
+                     for sid, stream, own in zip(ids, streams, seeds, strict=True)]
             digest = self._digest(state)
             try:
                 await self._store(self._quota(self.store.create_group(
@@ -300,12 +306,18 @@ class Sessions:
                 again since, with other code or the same). The session is removed then, so every
                 later request, listings included, finds it gone.
         """
+        meta = snap.meta
         try:
-            env = await self.registry.environment(snap.meta.env_id, snap.meta.tenant)
+            env: Environment | None = await self.registry.environment(meta.env_id, meta.tenant)
         except NotFound:
             env = None
-        if env is not None and env.registration == snap.meta.env_registration:
+        if env is not None and env.registration == meta.env_registration and meta.env_version in ("", env.version):
             return env
+        if meta.env_version:  # the version it started on, while that registration of it exists
+            env = await self._store(self.registry.pinned_environment(meta.env_id, meta.env_version,
+                                                                     meta.env_registration, meta.tenant))
+            if env is not None:
+                return env
         session_id = snap.meta.session_id
         self.pool.end_session(session_id)
         self._warm.pop(session_id, None)
@@ -323,13 +335,21 @@ class Sessions:
             return None
 
     async def scenario_of(self, snap: Snapshot) -> Scenario | None:
-        if snap.meta.scenario_id is None:
+        """The version of its scenario the session started on (its task, initial state and checks)."""
+        meta = snap.meta
+        if meta.scenario_id is None:
             return None
         try:
-            return await self.registry.scenario(snap.meta.scenario_id, snap.meta.tenant)
+            scenario = await self.registry.scenario(meta.scenario_id, meta.tenant)
         except NotFound:
-            raise NotFound(f"the scenario '{snap.meta.scenario_id}' of session '{snap.meta.session_id}' was "
-                           "deleted") from None
+            scenario = None
+        if scenario is not None and meta.scenario_version in ("", scenario.version):
+            return scenario
+        pinned: Scenario | None = await self._store(self.registry.pinned_scenario(
+            meta.scenario_id, meta.scenario_version, meta.tenant))
+        if pinned is not None:
+            return pinned
+        raise NotFound(f"the scenario '{meta.scenario_id}' of session '{meta.session_id}' was deleted")
 
     async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, *,
                    key: str | None = None, tenant: str = "") -> Applied:
@@ -587,7 +607,8 @@ class Sessions:
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap)
         if scenario is not None and scenario.turns:
-            return await self.turns.score(session_id, scenario, tenant)
+            return {**await self.turns.score(session_id, scenario, tenant), "env_version": env.version,
+                    "scenario_version": scenario.version}
         checklist = scenario.checklist if scenario else []
         budget = self.limits.score_budget
         try:
@@ -602,7 +623,8 @@ class Sessions:
         checks = [{"item": c.item, "passed": r["passed"], "error": r["error"]} for c, r in zip(checklist, results, strict=True)]
         passed = sum(1 for c in checks if c["passed"])
         total = len(checks)
-        return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks}
+        return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks,
+                "env_version": env.version, "scenario_version": scenario.version if scenario else None}
 
     async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "",
                    seed: int | None = None, group_seeds: str = "derived") -> Created:

@@ -116,6 +116,10 @@ class SessionMeta:
     # parent's) and the seed every draw comes from, if it was given one.
     stream: str = ""
     seed: int | None = None
+    # The versions it started on (``service.versions``): it goes on with them whatever is added
+    # under its ids later ("" for sessions made before versions were recorded: the latest).
+    env_version: str = ""
+    scenario_version: str = ""
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -138,6 +142,8 @@ class SessionMeta:
             env_registration=data.get("env_registration", ""),
             stream=data.get("stream", ""),
             seed=int(data["seed"]) if data.get("seed") else None,
+            env_version=data.get("env_version", ""),
+            scenario_version=data.get("scenario_version", ""),
         )
 
 
@@ -281,6 +287,13 @@ class SessionStore(Protocol):
         Raises:
             RecordLimit: the tenant already holds ``limit`` records of ``kind``.
             BytesQuota: the record would take the tenant past ``quota`` bytes.
+        """
+
+    async def set_record(self, kind: str, key: str, value: str, *, tenant: str = "", quota: int | None = None) -> None:
+        """Store a tenant's catalog record, replacing the one ``key`` holds (an id's latest version).
+
+        Raises:
+            BytesQuota: the record would take the tenant past ``quota`` bytes; nothing changes.
         """
 
     async def get_record(self, kind: str, key: str, *, tenant: str = "") -> str | None:

@@ -54,7 +54,7 @@ def test_the_curl_episode_ends_at_reward_1_and_deletes_what_it_made(server: Serv
     done = subprocess.run(["bash", "-c", wrapped], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     answers: list[Any] = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    scores = [a for a in answers if isinstance(a, dict) and set(a) == {"reward", "passed", "total", "checks"}]
+    scores = [a for a in answers if isinstance(a, dict) and {"reward", "passed", "total", "checks"} <= set(a)]
     assert [s["reward"] for s in scores] == [pytest.approx(1 / 3), 1.0]
     calls = [a for a in answers if isinstance(a, dict) and "observation" in a]
     assert [c["step"] for c in calls] == [1, 2, 3, 4] and all(c["ok"] for c in calls)

@@ -140,8 +140,17 @@ def test_problems_become_typed_exceptions_with_fields(ef: Client) -> None:
 def test_adds_environments_and_scenarios(ef: Client) -> None:
     env = ef.create_environment("client-counter", "Counter", PROBE_CODE, summary="A counter.", rules=["Count up."])
     assert env.env_id == "client-counter" and [t["function"]["name"] for t in env.tools] == ["bump"]
+    # other code under the id: its new, latest version; the first stays reachable by label or digest
+    newer = ef.create_environment("client-counter", "Counter", PROBE_CODE + "\n# other code\n", label="second")
+    assert newer.version != env.version and newer.label == "second"
+    assert [(v.version, v.latest) for v in ef.environment_versions("client-counter")] == [
+        (env.version, False), (newer.version, True)]
+    assert ef.get_environment(f"client-counter@{env.version[:8]}").version == env.version
     with pytest.raises(Conflict):
-        ef.create_environment("client-counter", "Counter", PROBE_CODE + "\n# other code\n")
+        ef.create_environment("client-counter", "Counter", PROBE_CODE + "\n# third\n", label="second")
+    manifest = ef.catalog_manifest()
+    assert manifest.environments["library_circulation"] == ef.get_environment("library_circulation").version
+    assert "client-counter" not in manifest.environments  # (what tenants add is not the loaded catalogs)
     scenario = ef.create_scenario(
         "client-counter", "Bump the counter twice.", init_config={"count": 1},
         checklist=[CheckItem("count is 3", "def check_func(final_state):\n    return final_state['count'] == 3\n")],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +43,13 @@ def task(server: Server, scenario_id: str) -> str:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    """The records in a stable order, without the one field that differs per run (the session id)."""
+    """The records in a stable order, without the field that differs per run (the session id) and
+    the versions, which change with the catalogs (checked here to be the digests they name)."""
     out = [json.loads(line) for line in path.read_text().splitlines()]
     for r in out:
         assert r.pop("session_id").startswith("ses_")
+        for name in ("env_version", "scenario_version", "catalog_digest"):
+            assert re.fullmatch("[0-9a-f]{64}", r.pop(name)), name
     return sorted(out, key=lambda r: (r["scenario_id"], r["sample"]))
 
 

@@ -106,7 +106,11 @@ def test_scoring_does_not_end_or_change_the_session(client: httpx.Client) -> Non
 
 def test_a_scenario_without_checks_scores_null(client: httpx.Client) -> None:
     sid = new_session(client, scenario_id="probe-no-checks")
-    assert client.post(f"/v1/sessions/{sid}/score").json() == {"reward": None, "passed": 0, "total": 0, "checks": []}
+    scored = client.post(f"/v1/sessions/{sid}/score").json()
+    versions = client.get("/v1/scenarios/probe-no-checks").json()["version"], client.get(
+        "/v1/environments/probe").json()["version"]
+    assert scored == {"reward": None, "passed": 0, "total": 0, "checks": [],
+                      "scenario_version": versions[0], "env_version": versions[1]}
 
 
 def test_misbehaving_checks_fail_with_reasons(client: httpx.Client) -> None:
@@ -280,8 +284,11 @@ def test_create_environment_and_scenario_then_play(client: httpx.Client, server:
     assert [t["function"]["name"] for t in created.json()["tools"]] == ["deposit"]
     again = client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet", "code": ENV_CODE})
     assert again.status_code == 201
-    problem(client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet",
-                                                  "code": ENV_CODE + "\n# changed\n"}), 409, "conflict")
+    changed = client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet",
+                                                     "code": ENV_CODE + "\n# changed\n"})
+    assert changed.status_code == 201, changed.text  # other code under the id: its new version
+    assert changed.json()["version"] != created.json()["version"]
+    assert client.get(f"/v1/environments/{env_id}").json()["version"] == changed.json()["version"]
     scenario = client.post("/v1/scenarios", json={
         "env_id": env_id, "task": "Deposit 5.", "init_config": {"balance": 1},
         "checklist": [{"item": "balance is 6", "check": "def check_func(final_state):\n"

@@ -10,6 +10,8 @@ export type Health = Schemas["Health"];
 export type EnvironmentList = Schemas["EnvironmentList"];
 export type EnvironmentDetail = Schemas["EnvironmentDetail"];
 export type EnvironmentCreate = Schemas["EnvironmentCreate"];
+export type EnvironmentVersions = Schemas["EnvironmentVersions"];
+export type CatalogManifest = Schemas["CatalogManifest"];
 export type ScenarioList = Schemas["ScenarioList"];
 export type ScenarioSummary = Schemas["ScenarioSummary"];
 export type ScenarioDetail = Schemas["ScenarioDetail"];
@@ -99,7 +101,21 @@ export class EnvfoundryClient {
     return this.json("GET", `/v1/environments/${seg(envId)}`);
   }
 
-  /** Add an environment from code; it is validated in the sandbox before it is accepted. */
+  /** Every version of an environment, oldest first, with the tools each added, removed and changed. */
+  environmentVersions(envId: string): Promise<EnvironmentVersions> {
+    return this.json("GET", `/v1/environments/${seg(envId)}/versions`);
+  }
+
+  /** The version of everything the loaded catalogs serve, one digest of it all, and any drift from their lock files. */
+  catalogManifest(): Promise<CatalogManifest> {
+    return this.json("GET", "/v1/catalog/manifest");
+  }
+
+  /**
+   * Add an environment from code; it is validated in the sandbox before it is accepted. Other code
+   * under an existing id is that id's new, latest version (`envId@label` or `envId@<digest prefix>`
+   * names one version).
+   */
   createEnvironment(body: EnvironmentCreate): Promise<EnvironmentDetail> {
     return this.json("POST", "/v1/environments", { json: body });
   }

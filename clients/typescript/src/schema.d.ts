@@ -64,6 +64,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/catalog/manifest": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Catalog Manifest
+         * @description The version of everything the loaded catalogs serve (what API tenants added is not part of it).
+         */
+        get: operations["catalog_manifest_v1_catalog_manifest_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/environments": {
         parameters: {
             query?: never;
@@ -116,6 +136,26 @@ export interface paths {
          *     they may be, so a client written before paging gets every scenario of an environment of up to that many.
          */
         get: operations["list_scenarios_v1_environments__env_id__scenarios_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/environments/{env_id}/versions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Environment Versions
+         * @description Every version of the environment this tenant sees, oldest first, with what changed in its tools.
+         */
+        get: operations["list_environment_versions_v1_environments__env_id__versions_get"];
         put?: never;
         post?: never;
         delete?: never;
@@ -379,6 +419,33 @@ export interface components {
             /** Step */
             step: number;
         };
+        /** CatalogManifest */
+        CatalogManifest: {
+            /**
+             * Digest
+             * @description One digest of every version below: two services serve the same catalogs exactly when theirs agree.
+             */
+            digest: string;
+            /**
+             * Drift
+             * @description How the loaded folders differ from their lock files (envfoundry catalog lock); empty when they agree or have none.
+             */
+            drift: string[];
+            /**
+             * Environments
+             * @description The version of each environment the loaded catalogs serve.
+             */
+            environments: {
+                [key: string]: string;
+            };
+            /**
+             * Scenarios
+             * @description The version of each scenario the loaded catalogs serve.
+             */
+            scenarios: {
+                [key: string]: string;
+            };
+        };
         /** CheckItem */
         CheckItem: {
             /**
@@ -409,13 +476,21 @@ export interface components {
             class_name: string;
             /** Code */
             code: string;
-            /** Env Id */
+            /**
+             * Env Id
+             * @description Its id. Other code under an existing id is that id's new, latest version; the earlier ones stay servable as env_id@<version> and the sessions made from them go on with them.
+             */
             env_id: string;
             /**
              * Introduction
              * @default
              */
             introduction?: string;
+            /**
+             * Label
+             * @description A name for this version, unique under the id (env_id@label names it).
+             */
+            label?: string | null;
             /**
              * Requirements
              * @description Packages the code imports beyond the standard library (PEP 508: 'mpmath==1.3.0', 'pydantic>=2.7,<3'); each must be allowed by the service (ENVFOUNDRY_ALLOWED_REQUIREMENTS), which installs them once into a read-only layer only this environment's sandbox processes see.
@@ -437,6 +512,11 @@ export interface components {
             env_id: string;
             /** Introduction */
             introduction: string;
+            /**
+             * Label
+             * @description The name its adder gave this version, if any.
+             */
+            label?: string | null;
             /**
              * Provenance
              * @description What synthesis recorded about the environment (its assessment), if it made it.
@@ -465,6 +545,12 @@ export interface components {
             tools: {
                 [key: string]: unknown;
             }[];
+            /**
+             * Version
+             * @description The digest of its code, tools, rules and requirements: env_id@<digest or a prefix of 6 or more> names this version for ever.
+             * @default
+             */
+            version?: string;
         };
         /** EnvironmentList */
         EnvironmentList: {
@@ -483,6 +569,45 @@ export interface components {
             summary: string;
             /** Tool Count */
             tool_count: number;
+        };
+        /** EnvironmentVersion */
+        EnvironmentVersion: {
+            /**
+             * Added At
+             * @description When it was added over the API (unix time); null for a loaded catalog's.
+             */
+            added_at: number | null;
+            /**
+             * Changes
+             * @description Tools added, removed and changed (description or parameters) from the version before it.
+             */
+            changes: {
+                [key: string]: string[];
+            };
+            /** Label */
+            label: string | null;
+            /**
+             * Latest
+             * @description Whether the bare env_id names it.
+             */
+            latest: boolean;
+            /** Tools */
+            tools: string[];
+            /**
+             * Version
+             * @description The digest of its code, tools, rules and requirements: env_id@<digest or a prefix of 6 or more> names this version for ever.
+             */
+            version: string;
+        };
+        /** EnvironmentVersions */
+        EnvironmentVersions: {
+            /** Env Id */
+            env_id: string;
+            /**
+             * Versions
+             * @description Oldest first.
+             */
+            versions: components["schemas"]["EnvironmentVersion"][];
         };
         /** ForkRequest */
         ForkRequest: {
@@ -587,9 +712,17 @@ export interface components {
             init_config?: {
                 [key: string]: unknown;
             };
+            /**
+             * Label
+             * @description A name for this version, unique under the id (scenario_id@label names it).
+             */
+            label?: string | null;
             /** Reference Solution */
             reference_solution?: components["schemas"]["ToolCallSpec"][] | null;
-            /** Scenario Id */
+            /**
+             * Scenario Id
+             * @description Its id. Other content under an existing id is that id's new, latest version; sessions made from an earlier one go on with its initial state and checks.
+             */
             scenario_id?: string | null;
             /**
              * Split
@@ -622,6 +755,11 @@ export interface components {
             init_config: {
                 [key: string]: unknown;
             };
+            /**
+             * Label
+             * @description The name its adder gave this version, if any.
+             */
+            label?: string | null;
             /** Reference Solution */
             reference_solution?: components["schemas"]["ToolCallSpec"][] | null;
             /** Scenario Id */
@@ -643,6 +781,12 @@ export interface components {
              * @description A turn-based scenario's user turns, in order: sessions show the first, the agent ends each with POST /v1/sessions/{id}/turns, and each turn's checks run when it ends. Null: the task is given at once.
              */
             turns?: components["schemas"]["TurnSpec"][] | null;
+            /**
+             * Version
+             * @description The digest of its environment id, initial state, task, checks and reference solution: scenario_id@<digest prefix> names this version for ever.
+             * @default
+             */
+            version?: string;
         };
         /** ScenarioList */
         ScenarioList: {
@@ -696,6 +840,11 @@ export interface components {
             /** Checks */
             checks: components["schemas"]["CheckResult"][];
             /**
+             * Env Version
+             * @description The environment version the session ran.
+             */
+            env_version?: string | null;
+            /**
              * Partial Credit
              * @description Turn-based scenarios: turns_passed / turns.
              */
@@ -707,6 +856,11 @@ export interface components {
              * @description passed / total; null when the session has no checks. Turn-based: under `aggregation`.
              */
             reward: number | null;
+            /**
+             * Scenario Version
+             * @description The scenario version whose checks scored it.
+             */
+            scenario_version?: string | null;
             /** Total */
             total: number;
             /**
@@ -824,6 +978,11 @@ export interface components {
             /** Env Id */
             env_id: string;
             /**
+             * Env Version
+             * @description The environment version it runs (its digest).
+             */
+            env_version?: string | null;
+            /**
              * Expires At
              * Format: date-time
              */
@@ -840,6 +999,11 @@ export interface components {
             parent_id: string | null;
             /** Scenario Id */
             scenario_id: string | null;
+            /**
+             * Scenario Version
+             * @description The scenario version it runs (its digest).
+             */
+            scenario_version?: string | null;
             /** Session Id */
             session_id: string;
             /** Steps */
@@ -1450,6 +1614,116 @@ export interface operations {
             };
         };
     };
+    catalog_manifest_v1_catalog_manifest_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CatalogManifest"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Quota exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
     list_environments_v1_environments_get: {
         parameters: {
             query?: never;
@@ -1923,6 +2197,118 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ScenarioList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Quota exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
+    list_environment_versions_v1_environments__env_id__versions_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                env_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnvironmentVersions"];
                 };
             };
             /** @description Unauthorized */

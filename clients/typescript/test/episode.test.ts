@@ -44,6 +44,25 @@ describe("the typed client against a live server", () => {
   });
   after(async () => server.stop());
 
+  test("adds a new version under an id and reaches the first by its label", async () => {
+    const first = await client.createEnvironment({ env_id: "ts-versions", class_name: "Wallet", code: WALLET_CODE,
+                                                   label: "first" });
+    try {
+      const second = await client.createEnvironment({ env_id: "ts-versions", class_name: "Wallet",
+                                                      code: WALLET_CODE.replace("Add money.", "Add money now.") });
+      assert.notEqual(second.version, first.version);
+      const listed = await client.environmentVersions("ts-versions");
+      assert.deepEqual(listed.versions.map((v) => [v.version, v.latest]), [[first.version, false], [second.version, true]]);
+      assert.deepEqual(listed.versions[1]!.changes, { added: [], removed: [], changed: ["deposit"] });
+      assert.equal((await client.getEnvironment("ts-versions@first")).version, first.version);
+      const manifest = await client.catalogManifest();
+      assert.equal(manifest.environments["library_circulation"],
+                   (await client.getEnvironment("library_circulation")).version);
+    } finally {
+      await client.deleteEnvironment("ts-versions");
+    }
+  });
+
   test("pages through scenarios by cursor and filters them by split and tag", async () => {
     const first = await client.findScenarios({ limit: 2 });
     assert.equal(first.scenarios.length, 2);

@@ -17,9 +17,11 @@ from urllib.parse import quote
 from envfoundry_client.models import (
     JSON,
     CallResult,
+    CatalogManifest,
     CheckItem,
     Environment,
     EnvironmentSummary,
+    EnvironmentVersion,
     GroupSeeds,
     MessageReply,
     Mode,
@@ -90,21 +92,37 @@ def get_environment(env_id: str) -> Operation[Environment]:
 
 
 def create_environment(env_id: str, class_name: str, code: str, *, summary: str = "", introduction: str = "",
-                       rules: list[str] | None = None, requirements: list[str] | None = None) -> Operation[Environment]:
-    """Add an environment from its class source; the service validates it in the sandbox.
+                       rules: list[str] | None = None, requirements: list[str] | None = None,
+                       label: str | None = None) -> Operation[Environment]:
+    """Add an environment from its class source; the service validates it in the sandbox. Other
+    code under an existing id is that id's new, latest version (``env_id@label`` names it, with
+    ``label``); sessions made from earlier versions go on with theirs.
 
     ``requirements``: packages the code imports beyond the standard library (PEP 508, e.g.
     ``"mpmath==1.3.0"``), each allowed by the service's operator.
 
     Raises ``InvalidEnvironment`` (the code fails to load; an import it does not declare; a
     requirement not allowed or not installable: ``reason`` says which) or ``Conflict`` (the id
-    holds other code).
+    belongs to a loaded catalog, or ``label`` names another version).
     """
     body: dict[str, object] = {"env_id": env_id, "class_name": class_name, "code": code, "summary": summary,
                                "introduction": introduction, "rules": list(rules or [])}
     if requirements:
         body["requirements"] = list(requirements)
+    if label:
+        body["label"] = label
     return Operation("POST", "/v1/environments", Environment.from_json, body, status=201)
+
+
+def environment_versions(env_id: str) -> Operation[list[EnvironmentVersion]]:
+    """Every version of an environment, oldest first, with what changed in its tools. Raises ``NotFound``."""
+    return _get(f"/v1/environments/{_seg(env_id)}/versions",
+                lambda body: [EnvironmentVersion.from_json(v) for v in body["versions"]])
+
+
+def catalog_manifest() -> Operation[CatalogManifest]:
+    """The version of everything the service's loaded catalogs serve, with one digest of it all."""
+    return _get("/v1/catalog/manifest", CatalogManifest.from_json)
 
 
 def delete_environment(env_id: str) -> Operation[None]:
@@ -139,9 +157,10 @@ def get_scenario(scenario_id: str) -> Operation[Scenario]:
 def create_scenario(env_id: str, task: str, *, init_config: JSON | None = None,
                     checklist: list[CheckItem] | None = None, reference_solution: list[ToolCall] | None = None,
                     scenario_id: str | None = None, split: str | None = None,
-                    tags: Sequence[str] = ()) -> Operation[Scenario]:
+                    tags: Sequence[str] = (), label: str | None = None) -> Operation[Scenario]:
     """Add a scenario to an environment (the service picks an id unless given), optionally in a ``split``
-    and with ``tags``. Raises ``NotFound``, ``InvalidRequest`` (a bad label names ``split`` or ``tags``)."""
+    and with ``tags``; other content under an existing ``scenario_id`` is its new version (``label``
+    names it). Raises ``NotFound``, ``InvalidRequest`` (a bad label names ``split`` or ``tags``)."""
     body: JSON = {"env_id": env_id, "task": task, "init_config": init_config or {},
                   "checklist": [c.to_json() for c in checklist or []]}
     if split is not None:
@@ -152,6 +171,8 @@ def create_scenario(env_id: str, task: str, *, init_config: JSON | None = None,
         body["reference_solution"] = [c.to_json() for c in reference_solution]
     if scenario_id is not None:
         body["scenario_id"] = scenario_id
+    if label:
+        body["label"] = label
     return Operation("POST", "/v1/scenarios", Scenario.from_json, body, status=201)
 
 
@@ -283,6 +304,7 @@ def delete_session(session_id: str) -> Operation[None]:
     return Operation("DELETE", f"/v1/sessions/{_seg(session_id)}", _none, status=204)
 
 
-ENDPOINTS = (health, list_environments, get_environment, create_environment, delete_environment, list_scenarios,
+ENDPOINTS = (health, list_environments, get_environment, environment_versions, catalog_manifest, create_environment,
+             delete_environment, list_scenarios,
              find_scenarios, get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
              end_turn, turn, state, trajectory, score, fork, delete_session)

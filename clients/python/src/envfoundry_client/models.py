@@ -52,12 +52,45 @@ class Environment:
     source: str = field(default="", repr=False)
     provenance: JSON | None = field(default=None, repr=False)
     requirements: list[str] = field(default_factory=list)  # packages it declares beyond the standard library
+    version: str = ""  # the digest of its content: env_id@version names this version for ever
+    label: str | None = None
 
     @classmethod
     def from_json(cls, body: JSON) -> Environment:
         return cls(str(body["env_id"]), str(body["class_name"]), str(body["summary"]), str(body["introduction"]),
                    [str(r) for r in body["rules"]], list(body["tools"]), str(body.get("source", "")),
-                   body.get("provenance"), [str(r) for r in body.get("requirements") or []])
+                   body.get("provenance"), [str(r) for r in body.get("requirements") or []],
+                   str(body.get("version") or ""), _str_or_none(body.get("label")))
+
+
+@dataclass(frozen=True)
+class EnvironmentVersion:
+    version: str
+    label: str | None
+    added_at: float | None  # unix time it was added over the API; None for a loaded catalog's
+    latest: bool  # whether the bare env_id names it
+    tools: list[str]
+    changes: dict[str, list[str]]  # tools added, removed and changed from the version before it
+
+    @classmethod
+    def from_json(cls, body: JSON) -> EnvironmentVersion:
+        added = body.get("added_at")
+        return cls(str(body["version"]), _str_or_none(body.get("label")), None if added is None else float(added),
+                   bool(body["latest"]), [str(t) for t in body["tools"]],
+                   {str(k): [str(n) for n in v] for k, v in body["changes"].items()})
+
+
+@dataclass(frozen=True)
+class CatalogManifest:
+    digest: str  # two services serve the same catalogs exactly when their digests agree
+    environments: dict[str, str]  # id -> version
+    scenarios: dict[str, str]
+    drift: list[str]  # how the loaded folders differ from their lock files
+
+    @classmethod
+    def from_json(cls, body: JSON) -> CatalogManifest:
+        return cls(str(body["digest"]), {str(k): str(v) for k, v in body["environments"].items()},
+                   {str(k): str(v) for k, v in body["scenarios"].items()}, [str(d) for d in body["drift"]])
 
 
 @dataclass(frozen=True)
@@ -315,6 +348,8 @@ class Score:
     passed: int
     total: int
     checks: list[CheckResult]
+    env_version: str | None = None  # the environment version the session ran
+    scenario_version: str | None = None  # the scenario version whose checks scored it
     # Turn-based scenarios (None otherwise): how reward is made of the turns ("all_turns": every turn
     # must pass), each turn's checks, and the fraction of turns passed.
     aggregation: str | None = None
@@ -328,5 +363,6 @@ class Score:
         reward, partial = body.get("reward"), body.get("partial_credit")
         return cls(None if reward is None else float(reward), int(body["passed"]), int(body["total"]),
                    [CheckResult(str(c["item"]), bool(c["passed"]), _str_or_none(c.get("error")))
-                    for c in body["checks"]], _str_or_none(body.get("aggregation")), turn_scores(body),
-                   None if partial is None else float(partial))
+                    for c in body["checks"]], _str_or_none(body.get("env_version")),
+                   _str_or_none(body.get("scenario_version")), _str_or_none(body.get("aggregation")),
+                   turn_scores(body), None if partial is None else float(partial))

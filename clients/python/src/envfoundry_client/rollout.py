@@ -61,6 +61,7 @@ class Episode:
     finish_reason: str = ""
     error: str | None = None
     score: JSON = field(default_factory=lambda: {"reward": None, "passed": 0, "total": 0, "checks": []})
+    catalog_digest: str | None = None  # the service's catalog manifest digest when the run started
 
     def say(self, message: JSON, wire: JSON | None = None) -> None:
         self.messages.append(message)
@@ -74,6 +75,9 @@ class Episode:
             "reward": self.score["reward"], "passed": self.score["passed"], "total": self.score["total"],
             "checks": self.score["checks"], "usage": self.usage, "turns": self.turns, "steps": self.steps,
             "finish_reason": self.finish_reason, "error": self.error,
+            # what produced the reward, to re-score or reproduce it against exactly that
+            "env_version": self.score.get("env_version"), "scenario_version": self.score.get("scenario_version"),
+            "catalog_digest": self.catalog_digest,
         }
 
 
@@ -185,7 +189,8 @@ async def _turns(ef: AsyncClient, llm: ChatLLM, ep: Episode) -> None:
 
 def _score_json(score: Score) -> JSON:
     return {"reward": score.reward, "passed": score.passed, "total": score.total,
-            "checks": [{"item": c.item, "passed": c.passed, "error": c.error} for c in score.checks]}
+            "checks": [{"item": c.item, "passed": c.passed, "error": c.error} for c in score.checks],
+            "env_version": score.env_version, "scenario_version": score.scenario_version}
 
 
 async def _score_or_empty(ef: AsyncClient, ep: Episode) -> JSON:
@@ -219,6 +224,7 @@ async def rollout(ef: AsyncClient, llm: ChatLLM, scenario_ids: list[str], option
     gate = asyncio.Semaphore(options.concurrency)
     records: list[JSON] = []
     lock = asyncio.Lock()
+    digest = (await ef.catalog_manifest()).digest
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as sink:
 
@@ -226,7 +232,8 @@ async def rollout(ef: AsyncClient, llm: ChatLLM, scenario_ids: list[str], option
             async with gate:
                 if on_start:
                     on_start()
-                record = await play(ef, llm, Episode(session, session_id, sample, options, llm.model))
+                record = await play(ef, llm, Episode(session, session_id, sample, options, llm.model,
+                                                     catalog_digest=digest))
             async with lock:
                 sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                 sink.flush()
