@@ -442,14 +442,30 @@ def _checks(combo: _Combination, calls: list[ToolCall], start: int = 0) -> list[
     return checks
 
 
+def _arrivals(entry: dict[str, Any], ground_truth: list[list[ToolCall]]) -> tuple[dict[str, int], list[str]]:
+    """The turn each function BFCL withholds arrives at, and notes where that is earlier than BFCL's:
+    a ground truth that calls it before its turn (miss_func 49 calls ``tail`` in turn 1 and lists it as
+    missing until turn 3; BFCL's executor runs it all the same) gets it from the turn that calls it, or
+    its own reference solution would be an unknown tool."""
+    arrival = {str(name): int(turn) for turn, names in (entry.get("missed_function") or {}).items()
+               for name in names or []}
+    notes = []
+    for index, calls in enumerate(ground_truth):
+        for call in calls:
+            if arrival.get(call.name, -1) > index:
+                notes.append(f"{call.name} arrives in turn {index}, where the ground truth calls it, not in turn "
+                             f"{arrival[call.name]} as BFCL withholds it")
+                arrival[call.name] = index
+    return arrival, notes
+
+
 def _turns(combo: _Combination, entry: dict[str, Any], ground_truth: list[list[ToolCall]],
-           added_prompt: str) -> tuple[Turn, ...]:
+           added_prompt: str, arrival: dict[str, int]) -> tuple[Turn, ...]:
     """BFCL's protocol: one turn per question, the functions it withholds arriving at their turn, and
     after each turn whose ground truth has calls, BFCL's checks: the model called something in it, each
     class's state equals the ground truth's so far, and this turn's ground-truth results appear among
     the model's results so far. A turn whose ground truth is empty (the function or a parameter is
     missing, so the model should ask or stop) is not checked, as in BFCL."""
-    missed = entry.get("missed_function") or {}
     turns = []
     done: list[ToolCall] = []
     for index, question in enumerate(entry.get("question") or []):
@@ -461,7 +477,7 @@ def _turns(combo: _Combination, entry: dict[str, Any], ground_truth: list[list[T
                                 check=_ANSWERED_CHECK),
                       *_checks(combo, done + calls, start=len(done))]
         done += calls
-        tools = tuple(str(name) for name in missed.get(str(index)) or [])
+        tools = tuple(name for name, turn in arrival.items() if turn == index)
         turns.append(Turn(message=message, tools=tools, checklist=tuple(checks), reference_solution=tuple(calls)))
     return tuple(turns)
 
@@ -571,7 +587,9 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
             init_config = {"_initial_config": entry.get("initial_config") or {},
                            "_long_context": category == "multi_turn_long_context"}
             scenario_id = f"bfcl-{entry_id.replace('_', '-')}"
-            turns = _turns(combo, entry, ground_truth, added_prompt)
+            arrival, notes = _arrivals(entry, ground_truth)
+            report.notes += [f"{entry_id}: {note}" for note in notes]
+            turns = _turns(combo, entry, ground_truth, added_prompt, arrival)
             # BFCL has no train/test: its category is the set a run evaluates on.
             catalog.add_scenario(Scenario(
                 scenario_id=scenario_id, env_id=combo.env_id, task=turns[0].message, init_config=init_config,

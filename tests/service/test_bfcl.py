@@ -236,3 +236,15 @@ def test_miss_func_and_miss_param_are_played_turn_by_turn(client: httpx.Client) 
     score = client.post(f"/v1/sessions/{sid}/score").json()
     assert (score["reward"], score["partial_credit"]) == (0.0, 0.5)
     assert [t["passed"] for t in score["turns"]] == [True, False]
+
+
+def test_a_withheld_function_the_ground_truth_calls_earlier_arrives_where_it_is_called() -> None:
+    from service.bfcl import _arrivals
+    from service.catalog import ToolCall
+
+    # miss_func 49's shape: tail is called in turn 1 but listed as missing until turn 3.
+    entry = {"missed_function": {"3": ["wc", "tail"]}}
+    truth = [[ToolCall("ls", {})], [ToolCall("tail", {"file_name": "a"})], [], [ToolCall("wc", {})]]
+    arrival, notes = _arrivals(entry, truth)
+    assert arrival == {"wc": 3, "tail": 1}
+    assert notes == ["tail arrives in turn 1, where the ground truth calls it, not in turn 3 as BFCL withholds it"]
