@@ -35,6 +35,10 @@ class ToolError(enum.StrEnum):
 CALL_ERRORS = frozenset(e.value for e in ToolError)
 # Errors raised before environment code ran: the session's process still holds what is stored.
 UNTOUCHED = frozenset({ToolError.UNKNOWN_TOOL.value, ToolError.INVALID_ARGUMENTS.value})
+# A request naming a template leaves its ``init_config`` out (a scenario's may be megabytes, and
+# the worker holding the template built needs none of it); a worker or process that would have
+# to build the instance after all answers this, and the service sends the request again with it.
+NEED_CONFIG = "need_config"
 # Room for the JSON around a call's state and result, beyond their own limits.
 FRAME_SLACK = 1 << 20
 

@@ -7,7 +7,15 @@ do, such a tool may store into, delete from, or call a changing method (``append
 ``update``...) of an entry ``self.A[p]`` of an instance attribute, where ``p`` is one of its
 parameters (never rebound), directly or through a local bound only to a path below that entry
 (every binding of its name counts: a lambda parameter, a loop, comprehension or ``except``
-target of the same name makes it no alias). A loop or comprehension target is never a place
+target of the same name makes it no alias). ``self.A.get(p)`` is that entry too, or ``None`` (or
+a constant default) when there is none: on a watched state ``A`` is a builtin container, and of
+those only a ``dict`` has ``get``, so ``a = self.accounts.get(p); a["note"] = x`` is confined
+as ``self.accounts[p]["note"] = x`` is (a default that is not a constant could be another part
+of the state, and leaves the tool unproven). So is what a read-only helper of the class returns
+when its body is one ``return`` of such an entry of what it is given or of its own attribute,
+with a constant the other way of a test if any: ``self._lookup(self.accounts, p)`` with
+``return table.get(key) if isinstance(key, str) else None``, or ``self._find(p)`` with
+``return self.accounts.get(key)``. A loop or comprehension target is never a place
 in the state: ``for self.A[p] in ...`` leaves the tool unproven, as the read-only proof does.
 What it stores, and the arguments of those methods, must be *fresh*: constants, its parameters
 (each call gets a copy of its arguments), numbers and strings it computed (a number scaled by
@@ -74,7 +82,45 @@ class Confined(_Body):
             chain = inner
         if isinstance(chain, ast.Name) and chain.id in self.roots:
             return self.roots[chain.id]
+        if isinstance(chain, ast.Call):
+            return self._got(chain) or self._helped(chain)
         return None
+
+    def _got(self, node: ast.Call) -> tuple[str, str] | None:
+        """``self.A.get(p)``, with no default or a constant one: the entry ``A[p]`` when there is
+        one (else the default, which holds nothing of the state)."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "get" and not node.keywords
+                and 1 <= len(node.args) <= 2 and all(isinstance(arg, ast.Constant) for arg in node.args[1:])):
+            return None
+        owner = func.value
+        if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+            return None
+        return self._entry(owner.attr, node.args[0])
+
+    def _helped(self, node: ast.Call) -> tuple[str, str] | None:
+        """``self.m(...)``, where ``m`` is proven read-only and only returns an entry named by what
+        it is given (see ``_returned``): the entry of this call's arguments."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+                and not node.keywords and not any(isinstance(arg, ast.Starred) for arg in node.args)):
+            return None
+        if not self.proof.method(func.attr):  # (read-only, and relied on from now: see ``ReadOnly``)
+            return None
+        definition = self.proof.definition(func.attr)
+        found = None if definition is None else _returned(definition)
+        if found is None:
+            return None
+        params, table, key = found
+        given = dict(zip(params, node.args, strict=False)) if len(params) == len(node.args) else None
+        if given is None or key not in given:
+            return None
+        if table.startswith("."):  # the helper's own ``self.A``
+            return self._entry(table[1:], given[key])
+        owner = given.get(table)  # the helper's parameter: this call must give it ``self.A``
+        if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+            return None
+        return self._entry(owner.attr, given[key])
 
     def _entry(self, attribute: str, key: ast.AST) -> tuple[str, str] | None:
         if attribute.startswith("_") or not isinstance(key, ast.Name) or key.id not in self.params:
@@ -154,3 +200,45 @@ class Confined(_Body):
             if node.func.id in _CONTAINER_BUILDERS:
                 return all(self._fresh(arg) for arg in node.args) and all(self._fresh(k.value) for k in node.keywords)
         return False
+
+
+def _returned(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], str, str] | None:
+    """A helper whose body is one ``return`` of an entry: ``t.get(k)``, ``t.get(k, <constant>)`` or
+    ``t[k]``, alone or as one side of a test whose other side is a constant, where ``k`` is one of
+    its parameters and ``t`` another or ``self.<attribute>`` (then ``t`` is that attribute's
+    name, marked by a leading dot). Its parameters after ``self``, ``t`` and ``k``; else None."""
+    arguments = node.args
+    if isinstance(node, ast.AsyncFunctionDef) or node.decorator_list or arguments.posonlyargs or arguments.vararg \
+            or arguments.kwonlyargs or arguments.kwarg or arguments.defaults or not arguments.args:
+        return None
+    params = [arg.arg for arg in arguments.args[1:]]
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) \
+        and isinstance(node.body[0].value, ast.Constant) else node.body  # (a docstring)
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    value = body[0].value
+    if any(isinstance(part, (ast.NamedExpr, ast.Lambda)) for part in ast.walk(value)):
+        return None  # nothing in it rebinds a name
+    if isinstance(value, ast.IfExp):
+        if isinstance(value.orelse, ast.Constant):
+            value = value.body
+        elif isinstance(value.body, ast.Constant):
+            value = value.orelse
+        else:
+            return None
+    if isinstance(value, ast.Subscript):
+        table, key = value.value, value.slice
+    elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get" \
+            and not value.keywords and 1 <= len(value.args) <= 2 \
+            and all(isinstance(arg, ast.Constant) for arg in value.args[1:]):
+        table, key = value.func.value, value.args[0]
+    else:
+        return None
+    if not (isinstance(key, ast.Name) and key.id in params):
+        return None
+    if isinstance(table, ast.Name) and table.id in params and table.id != key.id:
+        return params, table.id, key.id
+    if isinstance(table, ast.Attribute) and isinstance(table.value, ast.Name) and table.value.id == "self" \
+            and arguments.args[0].arg == "self":
+        return params, "." + table.attr, key.id
+    return None

@@ -55,6 +55,8 @@ PING_EVERY = 5.0
 # Error types a tool call may report (the API contract); anything else becomes sandbox_error.
 CALL_ERRORS = answers.CALL_ERRORS
 NEED_STATE = "need_state"  # the worker holds no live instance of the session at the step asked
+NEED_CONFIG = answers.NEED_CONFIG  # the worker must build a template: send the request again with its config
+WITH_CONFIG = "with_config"  # (a request's own mark, never sent: keep its config for the worker that asked)
 # How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
 LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
 # A worker measures its memory (and lets live sessions go to keep room for a call) after each
@@ -112,6 +114,9 @@ class Worker:
     unprepared: bool = False  # it has hosts without a ready fork: ask it to make them when idle
     touched: set[str] = field(default_factory=set)  # sessions called straight since its last request
     served: float = 0.0  # when it last served a request (and measured its memory)
+    # It asks for a template's config when it must build it (``answers.NEED_CONFIG``): requests
+    # naming a template go to it without one. A worker of an older image would build from none.
+    asks_config: bool = False
 
 
 @dataclass
@@ -422,7 +427,8 @@ class WorkerPool:
         except (TimeoutError, protocol.ProtocolError, OSError, EOFError) as exc:
             await channel.kill()
             raise WorkerLost(f"worker {slot} did not start: {exc!r}") from exc
-        worker = Worker(slot=slot, channel=channel, containment=hello.get("containment", {}))
+        worker = Worker(slot=slot, channel=channel, containment=hello.get("containment", {}),
+                        asks_config=hello.get("asks_config") is True)
         sock = getattr(channel, "lend", None)
         if hello.get("lends") is True and sock is not None:
             worker.lend = sock
@@ -475,6 +481,11 @@ class WorkerPool:
 
     async def _roundtrip(self, worker: Worker, message: dict[str, Any], guard: float) -> dict[str, Any]:
         message["id"] = next(self._ids)
+        # A template's config stays here unless the worker asked for it (``answers.NEED_CONFIG``): a
+        # worker holding the template built needs none of it, and a scenario's may be megabytes,
+        # which would be encoded here and decoded there for every session and every rebuild.
+        if not message.pop(WITH_CONFIG, False) and worker.asks_config and "template" in message:
+            message.pop("init_config", None)
         ending = self._ending.pop(worker.slot, None)
         if ending is not None:
             message["ending"] = {"sessions": sorted(ending.sessions), "envs": sorted(ending.envs)}
@@ -609,7 +620,7 @@ class WorkerPool:
         message = {"op": "init", "env": env.key, "init_config": init_config, "timeout": self.limits.call_timeout,
                    "max_state_bytes": self.limits.state_bytes, **_randomness(stream, seed)}
         cached = self._initial.get(template) if template is not None else None
-        if template is not None:
+        if template is not None:  # (sent without its config where the worker asks for it: ``_roundtrip``)
             message["template"] = template
             if cached is not None:
                 message["known"] = cached[0]
@@ -619,7 +630,12 @@ class WorkerPool:
                 message["deltas"] = True
             message["lend"] = True
             self._unhome(session)
-        answer, slot = await self._request(message, env, self.limits.call_timeout, None)
+        try:  # (a copy each time: a request gathers what its worker must hear, for that worker alone)
+            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, None)
+        except RequestFailed as exc:
+            if exc.kind != NEED_CONFIG:
+                raise
+            answer, slot = await self._request({**message, WITH_CONFIG: True}, env, self.limits.call_timeout, None)
         state, digest = answer.get("state"), answer.get("digest")
         if state is None and cached is not None and digest == cached[0] and template is not None:
             state = cached[1]
@@ -778,6 +794,7 @@ class WorkerPool:
             if state.delta is not None:
                 message["delta"] = state.delta
                 if state.template is not None and state.base:
+                    # (its config only where the worker must build the template: see ``_roundtrip``)
                     message["template"], message["known"] = state.template, state.base
                     message["init_config"] = state.init_config or {}
         elif state is not None:
@@ -789,7 +806,13 @@ class WorkerPool:
             message["lend"] = True
             self._unhome(sid)  # until the worker says it kept the instance
         try:
-            answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
+            try:
+                answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
+            except RequestFailed as exc:
+                if exc.kind != NEED_CONFIG or "template" not in message:
+                    raise
+                answer, slot = await self._request({**message, WITH_CONFIG: True}, env,
+                                                   self.limits.call_timeout, prefer)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return _outcome({"error": {"type": exc.kind, "message": exc.message}})

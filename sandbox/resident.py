@@ -151,6 +151,8 @@ class LiveSession:
             self._based(request, None)
             return {"state": None if known else self.text, "digest": self.digest}, True
         if request.get("op") == "init":
+            if "init_config" not in request and "template" in request:  # (see ``answers.NEED_CONFIG``)
+                return {"error": {"type": answers.NEED_CONFIG, "message": "the template is not built here"}}, False
             answer = self._init(request)
             self._based(request, None)
             return answer, True
@@ -173,7 +175,11 @@ class LiveSession:
     def _init(self, request: dict[str, Any]) -> dict[str, Any]:
         self.stream.begin(request)  # seeded (or not) before ``__init__``, as the request asks
         try:
-            self.instance = instantiate(self.cls, request.get("init_config") or {})
+            # Taken out of the request, so that once ``__init__`` returns nothing but the instance
+            # holds what it kept of the config (EnvScaler sets each entry as an attribute): a
+            # request still holding them would be a second holder of every attribute, and the
+            # watch (``sandbox.watch``) would give up on the state for good.
+            self.instance = instantiate(self.cls, request.pop("init_config", None) or {})
         except Interrupt:
             raise
         except BaseException as exc:
@@ -220,23 +226,44 @@ class LiveSession:
         def decode(part: str) -> Any:
             return codec.decode(json.loads(part), resolver(module), self.instance)
 
+        names = list(self.parts.parts)
         try:
             stored = _hidden_field(fields.get(HIDDEN_FIELD))
             self.stream.begin(request, stored)
-            apply(vars(self.instance), {k: v for k, v in fields.items() if k != HIDDEN_FIELD}, decode)
+            changes = {k: v for k, v in fields.items() if k != HIDDEN_FIELD}
+            apply(vars(self.instance), changes, decode)
             self._take_class()
-            self._sync()
+            # Entries changed in place (most deltas, and none at all for a session at its base): only
+            # they are looked at, the rest being the template's as its parts say.
+            entries = _entries_in_place(changes) if HIDDEN_FIELD not in fields else None
+            self._sync(entries)
         except (DeltaError, Unwatched, codec.CodecError, ValueError, TypeError, KeyError, RecursionError):
             return False
+        if entries is not None and list(self.parts.parts) == names and self._encode_as(changes):
+            self._text = text  # the stored text itself: nothing is joined
+            return True
         return bool(self.text == text)  # exactly the stored state, or it is decoded after all
 
-    def _sync(self) -> None:
-        """Bring the parts to what the instance now holds (a function of its own: no variable of
-        it may hold an object of the state when the watch counts holders)."""
+    def _encode_as(self, changes: dict[str, str]) -> bool:
+        """Whether each entry ``changes`` names now encodes to the text it gives: the other parts
+        are the template's, whose text is the base's (its digest is the one the service knows),
+        so the whole text is then the stored one."""
+        assert self.parts is not None
+        for name, value in changes.items():
+            attribute, key = json.loads(name)
+            entries = self.parts.parts[attribute].entries
+            if entries is None or key not in entries or entries[key].member != f"{_dumps(key)}:{value[1:]}":
+                return False
+        return True
+
+    def _sync(self, footprint: dict[str, set[str] | None] | None = None) -> None:
+        """Bring the parts to what the instance now holds, looking only at what ``footprint`` names
+        when it names anything (a function of its own: no variable of it may hold an object of the
+        state when the watch counts holders)."""
         assert self.parts is not None
         state = self._state()
         self._join_hidden(state)
-        self.parts.watch(state)
+        self.parts.watch(state, footprint)
         self._text, self.print, self.shown = None, None, None
 
     def _join_hidden(self, state: dict[str, Any]) -> None:
@@ -385,6 +412,26 @@ class LiveSession:
             return {**answer, "state": None, "delta": changes}
         self.delta, self.base_size = Delta(), len(self.text)
         return {**answer, "rebase": True}
+
+
+def _entries_in_place(changes: dict[str, str]) -> dict[str, set[str] | None] | None:
+    """The entries of a delta's fields when each is an entry of an attribute changed in place
+    (``=``), as a watch's footprint; None for any other field (a whole attribute, an entry added,
+    moved or removed: the whole state is looked at then)."""
+    found: dict[str, set[str] | None] = {}
+    for name, value in changes.items():
+        path = json.loads(name)
+        if not (isinstance(path, list) and len(path) == 2 and all(type(p) is str for p in path)) \
+                or value[:1] != "=":
+            return None
+        keys = found.setdefault(path[0], set())
+        assert keys is not None
+        keys.add(path[1])
+    return found
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _hidden_field(value: Any) -> str | None:

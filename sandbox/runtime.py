@@ -625,7 +625,11 @@ class Runtime:
         if type(name) is not str or not name:
             return None
         key = f"{request['env']}:{name}"
+        # (the service leaves the config out while it expects the template built: see answers.NEED_CONFIG)
+        omitted = "init_config" not in request
         if key in self.drawing:
+            if omitted and request.get("op") == "init":  # each session builds its own instance
+                raise Failure(answers.NEED_CONFIG, "this template's sessions build their own instances")
             return None
         template = self.templates.pop(key, None)
         if template is not None and template.sock.fileno() >= 0:
@@ -634,6 +638,8 @@ class Runtime:
             return template
         if request.get("op") != "init" and len(request.get("state") or "") < TEMPLATE_REBUILD_BYTES:
             return None  # a small state decodes faster than a template builds
+        if omitted:
+            raise Failure(answers.NEED_CONFIG, "the template is not built in this worker")
         while len(self.templates) >= MAX_TEMPLATES:
             self._end_template(next(iter(self.templates)))
         template = self._build_template(host, request)

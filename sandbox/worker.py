@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         report["applied"].append("paths")
     else:
         report["missing"]["paths"] = f"/proc, /sys and /dev stay open to environment code ({runtime.paths_missing})"
-    hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "containment": report, "lends": runtime.lends}
+    # ``asks_config``: a request naming a template may come without its config; this worker asks for
+    # it where it must build the template (``answers.NEED_CONFIG``)
+    hello: dict[str, Any] = {"op": "hello", "pid": os.getpid(), "containment": report, "lends": runtime.lends,
+                             "asks_config": True}
     if runtime.lends and lend is not None:
         # The service empties /tmp after each call it makes straight, as this worker does after its own.
         hello["tmp"] = runtime.private_tmp

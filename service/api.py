@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -281,6 +283,8 @@ def created_body(created: Created, turn: int = 0) -> dict[str, Any]:
         introduction=created.env.introduction,
         rules=created.env.rules,
         tools=created.env.tools,
+        env_version=meta.env_version or None,
+        scenario_version=meta.scenario_version or None,
     ).model_dump(mode="json")
 
 
@@ -292,15 +296,17 @@ def _group_size(n: int, request: Request) -> int:
     return n
 
 
-async def _once(request: Request, response: Response, key: str | None, route: str, body: Any,
+async def _once(request: Request, response: Response, key: str | None, route: str, body: Callable[[], Any],
                 run: Any, tenant: str) -> dict[str, Any]:
-    """Run a session-creating request once per Idempotency-Key."""
+    """Run a session-creating request once per Idempotency-Key. ``body`` gives what the key's
+    fingerprint covers; it is asked only with a key (a create's body may carry megabytes of config,
+    and dumping it costs several parses of it)."""
     if key is None:
         answer: dict[str, Any] = await run()
         return answer
     engine: Sessions = request.app.state.sessions
     answer, replayed = await idempotency.once(engine.store, f"{tenant}:{route}", key,
-                                              idempotency.fingerprint(route, body),
+                                              idempotency.fingerprint(route, body()),
                                               engine.pool.longest_request, run)
     if replayed:
         response.headers[idempotency.REPLAYED] = "true"
@@ -317,7 +323,23 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
         return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
                                                 tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds))
 
-    return await _once(request, response, key, "create", body.model_dump(mode="json"), run, who.tenant)
+    raw = await request.body() if key is not None else b""  # (read already: starlette keeps it)
+    return await _once(request, response, key, "create", lambda: _create_fingerprint(body, raw), run, who.tenant)
+
+
+# A create body from this size is fingerprinted by its bytes.
+LARGE_BODY = 64 * 1024
+
+
+def _create_fingerprint(body: schemas.SessionCreate, raw: bytes) -> Any:
+    """What an Idempotency-Key's fingerprint covers of a create: its body as parsed, canonically
+    dumped; a large one (an init_config of megabytes) by the digest of its bytes instead, as a
+    retry sends them again, since dumping it costs several parses of it (pydantic's dump and the
+    sorted JSON). A small body is fingerprinted exactly as before, so keys taken before match."""
+    if len(raw) < LARGE_BODY:
+        return body.model_dump(mode="json")
+    # (a list, where the parsed form is an object: no small body fingerprints alike)
+    return ["body sha256", hashlib.sha256(raw).hexdigest()]
 
 
 async def _turn_of(engine: Sessions, created: Created) -> int:
@@ -425,8 +447,12 @@ async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
 
 @router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"],
              response_model_exclude_unset=True)
-async def score_session(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.Score:
-    return schemas.Score.model_validate(await engine.score(session_id, tenant=who.tenant))
+async def score_session(session_id: str, scenario: str | None = Query(default=None, max_length=200, description=(
+                            "Score with the checks of this version of the session's own scenario instead of the "
+                            "one it started on: its id for the latest, or scenario_id@<label or digest prefix> "
+                            "(re-scoring after a check was fixed).")),
+                        who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.Score:
+    return schemas.Score.model_validate(await engine.score(session_id, tenant=who.tenant, against=scenario))
 
 
 @router.post("/v1/sessions/{session_id}/fork", status_code=201, response_model=schemas.SessionCreated,
@@ -444,7 +470,7 @@ async def fork_session(session_id: str, request: Request, response: Response,
 
     asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {}),
              **({"seed": seed, "group_seeds": group_seeds} if seed is not None else {})}
-    return await _once(request, response, key, "fork", asked, run, who.tenant)
+    return await _once(request, response, key, "fork", lambda: asked, run, who.tenant)
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])

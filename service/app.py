@@ -22,6 +22,7 @@ from service.fastpath import FastCalls
 from service.limits import BodyLimit
 from service.manifest import drift, manifest
 from service.observability import Metrics, RequestLog
+from service.openenv_orphans import Orphans
 from service.registry import Registry
 from service.sessions import SessionLimits, Sessions
 from service.settings import Settings
@@ -134,8 +135,10 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                  settings.sandbox, settings.workers)
         try:
             async with mcp.serving(app, settings.max_body_bytes):
+                heap.freeze_what_startup_made()
                 yield
         finally:
+            await app.state.orphans.close()
             app.state.sessions.offload.close()
             await pool.close()
             await store.close()
@@ -147,6 +150,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     app.state.metrics = metrics
     # (made here, not in the lifespan: ``envfoundry serve`` hands it to its connection protocol)
     app.state.sockets = Sockets(settings.socket_limits())
+    app.state.orphans = Orphans(settings.openenv_grace)
     problems.install(app)
 
     @app.exception_handler(Exception)

@@ -282,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
 
     add_synth_parser(sub)
 
-    # rollout and export live in the client package; main() hands their arguments over unparsed.
+    # rollout, rescore and export live in the client package; main() hands their arguments over unparsed.
     for name, text in CLIENT_COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
 
@@ -294,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
 
 CLIENT_COMMANDS = {
     "rollout": "run an agent (any OpenAI-compatible endpoint) on scenarios; write trajectories as JSONL",
+    "rescore": "score rollout JSONL again against the scenarios' checks as they are now (replayed, no model)",
     "export": "turn rollout JSONL into fine-tuning data (export sft)",
 }
 

@@ -1,4 +1,5 @@
-"""Give the API process's memory back to the system when sessions end.
+"""Give the API process's memory back to the system when sessions end, and keep the collector off
+what start-up made.
 
 States of several MB pass through the API process (encoded, stored in the memory store, shown as
 views). glibc serves large blocks from mapped memory at first, but after the first such block is
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("envfoundry.heap")
@@ -34,3 +36,13 @@ def release_large_blocks() -> bool:
     if not done:
         log.warning("could not set the allocator's thresholds: large states may keep the process's memory")
     return done
+
+
+def freeze_what_startup_made() -> None:
+    """Keep what exists once the app has started (modules, models and their schemas, the catalog)
+    out of every later garbage collection: about 130,000 objects the collector would otherwise
+    walk again in each full collection, and parsing a large body triggers several. A 3.6 MB
+    init_config parsed in 252 ms with them in the heap and 98 ms without (as in a small process).
+    Garbage cycles are collected first, so that none is kept for good."""
+    gc.collect()
+    gc.freeze()

@@ -48,6 +48,7 @@ from service.auth import Principal
 from service.calls import checked_key
 from service.limits import non_finite
 from service.openenv import Episodes, error_code, mcp_tools, problem
+from service.openenv_orphans import Orphans
 from service.problems import InvalidRequest, LimitExceeded, ServiceError
 from service.sockets import Closing, Socket
 
@@ -176,8 +177,13 @@ class Connection:
     """What one WebSocket holds: its current episode, and whether this connection opened it."""
 
     episodes: Episodes
+    orphans: Orphans
     current: str | None = None
     owned: bool = False
+
+    def hold(self, episode_id: str, owned: bool) -> None:
+        self.current, self.owned = episode_id, owned
+        self.orphans.attach(episode_id)
 
 
 async def _handle(conn: Connection, message: Any) -> dict[str, Any] | None:
@@ -198,7 +204,7 @@ async def _handle(conn: Connection, message: Any) -> dict[str, Any] | None:
         if opened.session_id != conn.current:
             await _release(conn)  # the episode it replaces (if this connection opened it)
             # Opened here, or taken over by its episode_id after a reconnect: this connection ends it.
-            conn.current, conn.owned = opened.session_id, True
+            conn.hold(opened.session_id, owned=True)
         return {"type": "observation", "data": opened.payload}
     if kind == "step":
         key = checked_key(message.get("request_id"), "request_id")
@@ -221,8 +227,20 @@ def _held(conn: Connection) -> str:
 
 async def _release(conn: Connection) -> None:
     """End the episode this connection opened (one it was bound to stays: its opener ends it)."""
-    if conn.current is not None and conn.owned:
-        await conn.episodes.end(conn.current)
+    if conn.current is not None:
+        conn.orphans.detach(conn.current)
+        if conn.owned:
+            await conn.episodes.end(conn.current)
+    conn.current, conn.owned = None, False
+
+
+def _dropped(conn: Connection) -> None:
+    """The connection ended without a ``close``: the episode it opened ends after the grace period,
+    unless a client takes it up again (see ``openenv_orphans``)."""
+    if conn.current is not None:
+        conn.orphans.detach(conn.current)
+        if conn.owned:
+            conn.orphans.dropped(conn.episodes, conn.current)
     conn.current, conn.owned = None, False
 
 
@@ -284,12 +302,12 @@ async def _deny(websocket: WebSocket, exc: ServiceError) -> None:
 async def _serve(websocket: WebSocket, env_id: str, who: Principal, held: Socket) -> None:
     state = websocket.app.state
     try:
-        conn = Connection(Episodes(state.sessions, env_id, who.tenant))
+        conn = Connection(Episodes(state.sessions, env_id, who.tenant), state.orphans)
         await conn.episodes.environment()
         bound = websocket.query_params.get("session_id")
         if bound:
             await conn.episodes.episode(bound)
-            conn.current = bound
+            conn.hold(bound, owned=False)
     except ServiceError as exc:
         refusal = _error(exc)
         refusal["data"]["code"] = "SESSION_ERROR"  # no session could start on this connection
@@ -297,15 +315,23 @@ async def _serve(websocket: WebSocket, env_id: str, who: Principal, held: Socket
         await websocket.close(1008)
         return
     settings = state.settings
+    try:
+        await _converse(websocket, conn, who, held, settings)
+    finally:
+        _dropped(conn)  # (nothing left after a close message)
+
+
+async def _converse(websocket: WebSocket, conn: Connection, who: Principal, held: Socket, settings: Any) -> None:
+    state = websocket.app.state
     while True:
         try:
             received = await state.sockets.receive(held, websocket.receive)
-        except Closing as closing:  # idle too long, or its connection is needed: the episode stays
+        except Closing as closing:  # idle too long, or its connection is needed: the episode waits out the grace
             with contextlib.suppress(WebSocketDisconnect):
                 await websocket.close(closing.code, closing.reason)
             return
         if received["type"] == "websocket.disconnect":
-            return  # the episode stays for a reconnect
+            return  # the episode waits a grace period for a reconnect
         started = time.perf_counter()
         kind: Any = "-"
         reply: dict[str, Any] | None

@@ -206,8 +206,12 @@ MAX_SEED = 2**63 - 1
 
 
 class SessionCreate(Strict):
-    scenario_id: str | None = None
-    env_id: str | None = None
+    scenario_id: str | None = Field(default=None, description=(
+        "The scenario to start (its latest version, or scenario_id@<label or digest prefix>)."))
+    env_id: str | None = Field(default=None, description=(
+        "The environment to start without a scenario (env_id or env_id@<label or digest prefix>); with "
+        "scenario_id, only a version of the scenario's environment (env_id@...), to replay exactly what an "
+        "earlier session ran."))
     init_config: dict[str, Any] | None = None
     n: int = Field(default=1, ge=1, description="How many sessions to create from the same initial state "
                    "(a group for GRPO-style rollouts); all or none. At most the service's max_group.")
@@ -224,8 +228,11 @@ class SessionCreate(Strict):
 
     @model_validator(mode="after")
     def one_source(self) -> SessionCreate:
-        if (self.scenario_id is None) == (self.env_id is None):
+        if self.scenario_id is None and self.env_id is None:
             raise ValueError("give exactly one of scenario_id or env_id")
+        if self.scenario_id is not None and self.env_id is not None and "@" not in self.env_id:
+            raise ValueError("give exactly one of scenario_id or env_id (with a scenario, env_id may only name a "
+                             "version of its environment: env_id@<label or digest prefix>)")
         if self.scenario_id is not None and self.init_config is not None:
             raise ValueError("init_config goes with env_id; a scenario brings its own")
         return self
@@ -245,6 +252,9 @@ class SessionCreated(BaseModel):
     turn: int | None = Field(default=None, description="Turn-based scenario: the turn in progress (0: the first); "
                              "user_message is its message. Null otherwise.")
     turns: int | None = Field(default=None, description="Turn-based scenario: how many turns it has.")
+    env_version: str | None = Field(default=None, description="The environment version the sessions run (its "
+                                                              "digest; env_id@<it> names it).")
+    scenario_version: str | None = Field(default=None, description="The scenario version they run.")
 
 
 class ForkRequest(Strict):

@@ -7,7 +7,6 @@ replica can serve any request and a restart loses nothing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import secrets
 import time
@@ -54,6 +53,7 @@ from service.store import (
     digest_of,
     new_session_id,
 )
+from service.template_keys import NotUnicode, config_key
 from service.user_llm import Exchange, UserSimulator
 from service.user_llm import UserLLMFailed as UserEndpointFailed
 from service.versions import split
@@ -146,12 +146,18 @@ class Sessions:
         is reproducible (see ``_streams`` for a group's)."""
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
         # (with a scenario, its environment's latest version, unless ``env_id`` names one of that id)
-        pinned = env_id is not None and scenario is not None and split(env_id)[0] == scenario.env_id
-        env = await self.registry.environment(scenario.env_id if scenario and not pinned else str(env_id), tenant)
+        if scenario is not None and env_id is not None and split(env_id)[0] != scenario.env_id:
+            raise InvalidRequest(f"env_id '{env_id}' is not a version of the scenario's environment "
+                                 f"'{scenario.env_id}'", field="env_id")
+        env = await self.registry.environment(str(env_id) if env_id is not None else scenario.env_id
+                                              if scenario else "", tenant)
         config = scenario.init_config if scenario else (init_config or {})
-        if _unicode_problem(config):
-            raise InvalidRequest("init_config contains text that is not valid Unicode (a lone surrogate)",
-                                 field="init_config")
+        # Keyed once per scenario (its config's text is checked then too); a config from the body
+        # at the cost of a pass of ``marshal`` over it (see ``service.template_keys``).
+        try:
+            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
+        except NotUnicode as exc:
+            raise InvalidRequest(str(exc), field="init_config") from None
         if mode == "conversation" and scenario is None:
             raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
                                  field="mode")
@@ -161,7 +167,6 @@ class Sessions:
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
-            template = self._template_key(tenant, env, scenario.scenario_id if scenario else None, config)
             state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template,
                                               stream=first, seed=seed)
             now = time.time()
@@ -199,13 +204,15 @@ class Sessions:
     def _template_key(self, tenant: str, env: Environment, scenario_id: str | None, config: dict[str, Any]) -> str:
         """Names one initial state (same code, same config, same tenant): sandbox workers build it
         once and start each session made from it as a fork of it. A scenario's key is kept while
-        its config is the same object, so a large scenario is not re-encoded for every session."""
+        its config is the same object, so a large scenario is not keyed again for every session.
+
+        Raises:
+            NotUnicode: the config holds a lone surrogate."""
         if scenario_id is not None:
             known = self._templates.get((tenant, scenario_id))
             if known is not None and known[0] is config and known[1] == env.code_hash:
                 return known[2]
-        text = json.dumps([tenant, env.code_hash, config], sort_keys=True, ensure_ascii=False, default=repr)
-        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        key = config_key(tenant, env.code_hash, config)
         if scenario_id is not None:
             self._templates[(tenant, scenario_id)] = (config, env.code_hash, key)
             while len(self._templates) > TEMPLATE_KEYS:
@@ -602,11 +609,13 @@ class Sessions:
         records, total = page
         return [steps.public(json.loads(r)) for r in records], total
 
-    async def score(self, session_id: str, *, tenant: str = "") -> dict[str, Any]:
+    async def score(self, session_id: str, *, tenant: str = "", against: str | None = None) -> dict[str, Any]:
+        """The session's checks on its current state; ``against`` scores it with the checks of another
+        version of its scenario instead (``scenario_id`` for the latest, ``scenario_id@<version>``)."""
         snap = await self.snapshot(session_id, tenant=tenant)
         env = await self.environment_of(snap)
-        scenario = await self.scenario_of(snap)
-        if scenario is not None and scenario.turns:
+        scenario = await self.scenario_of(snap) if against is None else await self._other_version(snap, against)
+        if scenario is not None and scenario.turns:  # (an ended turn keeps the results its checks had then)
             return {**await self.turns.score(session_id, scenario, tenant), "env_version": env.version,
                     "scenario_version": scenario.version}
         checklist = scenario.checklist if scenario else []
@@ -625,6 +634,14 @@ class Sessions:
         total = len(checks)
         return {"reward": passed / total if total else None, "passed": passed, "total": total, "checks": checks,
                 "env_version": env.version, "scenario_version": scenario.version if scenario else None}
+
+    async def _other_version(self, snap: Snapshot, reference: str) -> Scenario:
+        """A version of the session's own scenario (raises InvalidRequest for any other scenario)."""
+        if snap.meta.scenario_id is None or split(reference)[0] != snap.meta.scenario_id:
+            raise InvalidRequest(f"a session is scored against a version of its own scenario "
+                                 f"('{snap.meta.scenario_id}'), not '{reference}'", field="scenario")
+        scenario: Scenario = await self.registry.scenario(reference, snap.meta.tenant)
+        return scenario
 
     async def fork(self, session_id: str, *, n: int = 1, step: int | None = None, tenant: str = "",
                    seed: int | None = None, group_seeds: str = "derived") -> Created:

@@ -74,6 +74,9 @@ class _Settings(BaseSettings):
                                            "refused 429.")
     websocket_idle: float = Field(default=300.0, gt=0, description="Seconds a WebSocket may wait for a message "
                                   "before the server closes it (1001).")
+    openenv_grace: float = Field(default=60.0, ge=0, description="Seconds after an OpenEnv WebSocket drops "
+                                 "without a close before the episode it opened is ended, unless a client "
+                                 "takes it up again (reset with its episode_id) or it takes a step.")
     websocket_close_timeout: float = Field(default=5.0, gt=0, description="Seconds the server waits for a peer "
                                            "to answer its close frame before it drops the connection.")
     lock_wait: float = Field(default=60.0, gt=0, description="How long a call waits for the session's previous call.")

@@ -97,10 +97,9 @@ class Server:
                 self.process.wait()
 
 
-def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
-                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), workers: int = 2) -> Server:
-    port = free_port()
-    log = tmp / f"server-{port}.log"
+def server_command(port: int, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
+                   catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), workers: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a server on ``port`` (run from ROOT), as ``start_server`` runs it."""
     args = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", str(workers)]
     for folder in catalogs:
         args += ["--catalog", str(folder)]
@@ -110,7 +109,16 @@ def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str
     if redis_url:
         args += ["--redis", redis_url]
     env.update(extra_env or {})
-    with log.open("wb") as out:
+    return args, env
+
+
+def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
+                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), workers: int = 2, port: int | None = None) -> Server:
+    """A server on a free port (or on ``port``: a restart), once it answers /healthz."""
+    port = port or free_port()
+    log = tmp / f"server-{port}.log"
+    args, env = server_command(port, redis_url=redis_url, extra_env=extra_env, catalogs=catalogs, workers=workers)
+    with log.open("ab") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = Server(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + 30

@@ -18,10 +18,13 @@ export async function catalogView(main) {
 }
 
 export async function environmentView(main, envId) {
-  const [env, first] = await Promise.all([get(`/v1/environments/${enc(envId)}`),
-    get(`/v1/environments/${enc(envId)}/scenarios?limit=${SCENARIO_PAGE}`)]);
+  const name = envId.split("@")[0]; // (envId may name one version: env_id@<label or digest prefix>)
+  const [env, first, versions] = await Promise.all([get(`/v1/environments/${enc(envId)}`),
+    get(`/v1/environments/${enc(name)}/scenarios?limit=${SCENARIO_PAGE}`),
+    get(`/v1/environments/${enc(name)}/versions`)]);
   main.append(h("h2", {}, env.env_id), h("p", {}, env.summary),
-    h("p", { class: "muted" }, `Class ${env.class_name}.`),
+    h("p", { class: "muted" }, `Class ${env.class_name}. Version ${short(env.version)}${env.label ? ` (${env.label})` : ""}.`),
+    versionSection(env, versions.versions),
     h("section", { "aria-labelledby": "intro-h" }, h("h3", { id: "intro-h" }, "Introduction"), h("p", { class: "prose" }, env.introduction)),
     h("section", { "aria-labelledby": "rules-h" }, h("h3", { id: "rules-h" }, "Rules"),
       h("ul", {}, (Array.isArray(env.rules) ? env.rules : [env.rules]).map((r) => h("li", {}, r)))),
@@ -32,6 +35,21 @@ export async function environmentView(main, envId) {
     h("section", { "aria-labelledby": "source-h" }, h("h3", { id: "source-h" }, "Class source"),
       h("details", { class: "source" }, h("summary", {}, `${env.class_name} (${env.source.split("\n").length} lines)`),
         h("pre", {}, h("code", { class: "python" }, highlight(env.source))))));
+}
+
+const short = (version) => version.slice(0, 12);
+
+// Every version of the id: pick one to see it, and what each changed in the tools.
+function versionSection(env, versions) {
+  const pick = h("select", { id: "version", onchange: (e) => { location.hash = `#/env/${enc(`${env.env_id}@${e.target.value}`)}`; } },
+    versions.map((v) => h("option", { value: short(v.version), selected: v.version === env.version },
+      `${short(v.version)}${v.label ? ` ${v.label}` : ""}${v.latest ? " (latest)" : ""}`)));
+  const changed = (c) => [["added", c.added], ["removed", c.removed], ["changed", c.changed]]
+    .filter(([, names]) => names.length).map(([kind, names]) => `${kind} ${names.join(", ")}`).join("; ") || "no tool changes";
+  return h("section", { "aria-labelledby": "versions-h" }, h("h3", { id: "versions-h" }, `Versions (${versions.length})`),
+    h("form", { class: "inline" }, h("label", { for: "version" }, "Version "), pick),
+    h("ol", { class: "versions" }, versions.map((v) => h("li", {}, h("code", {}, short(v.version)), v.label ? ` ${v.label}` : "",
+      v.latest ? " (latest)" : "", h("span", { class: "muted" }, ` — ${changed(v.changes)}`)))));
 }
 
 // Thousands of scenarios in one environment (an imported benchmark): a page at a time, following `next`.

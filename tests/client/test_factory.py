@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import json
 import math
 from typing import Any
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 from envfoundry_client import Client
 from envfoundry_client.factory import dataset_rows, environment_factory
-from envfoundry_client.signatures import tool_function
+from envfoundry_client.signatures import described, tool_function
 from transformers.utils import get_json_schema
 
 from tests.client.agent_scripts import LIB_001_OPENING, LIB_001_USER
@@ -41,7 +42,7 @@ def enum_of(schema: dict[str, Any]) -> set[Any]:
 
 
 def test_every_generated_method_gives_back_the_service_tool_schema(ef: Client, ef_server: Server) -> None:
-    compared = 0
+    compared = defaults = item_fields = tools = 0
     for summary in ef.list_environments():
         env = environment_factory(ef_server.url, summary.env_id, client=ef)()
         for tool in ef.get_environment(summary.env_id).tools:
@@ -51,13 +52,28 @@ def test_every_generated_method_gives_back_the_service_tool_schema(ef: Client, e
             props, theirs = want["parameters"]["properties"], got["parameters"]["properties"]
             assert list(theirs) == sorted(props, key=lambda p: p not in want["parameters"].get("required", []))
             assert set(got["parameters"].get("required", [])) == set(want["parameters"].get("required", []))
+            # the service closes every tool's arguments; get_json_schema cannot say so (documented)
+            assert want["parameters"].get("additionalProperties") is False
+            assert "additionalProperties" not in got["parameters"]
+            tools += 1
             for name, schema in props.items():
-                # a parameter the service documents keeps its text; one it does not is described by its name
-                assert theirs[name]["description"] == (schema.get("description") or name), (want["name"], name)
+                # a parameter the service documents keeps its text; one it does not is described by its name;
+                # then, in words, what no hint carries: the default and the fields of nested objects
+                assert theirs[name]["description"] == described(schema, name), (want["name"], name)
+                assert theirs[name]["description"].startswith(" ".join((schema.get("description") or name).split()))
+                if "default" in schema:
+                    assert f"Default: {json.dumps(schema['default'])}." in theirs[name]["description"]
+                    defaults += 1
+                for field in (schema.get("items") or {}).get("properties") or {}:
+                    assert f"{field} (" in theirs[name]["description"], (want["name"], name, field)
+                    item_fields += 1
+                assert "default" not in theirs[name]  # the documented differences
+                assert "properties" not in theirs[name].get("items", {})
                 assert types_of(theirs[name]) == types_of(schema), (want["name"], name)
                 assert enum_of(theirs[name]) == enum_of(schema), (want["name"], name)
                 compared += 1
     assert compared >= 151  # the bundled catalog's seven environments hold 151 parameters
+    assert tools >= 79 and defaults >= 21 and item_fields >= 2  # as issue 32 counted them
 
 
 def test_trainer_sees_one_tool_per_method_and_reset_and_get_reward(ef: Client, ef_server: Server) -> None:

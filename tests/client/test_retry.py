@@ -104,3 +104,23 @@ async def test_the_async_client_retries_the_same_way(proxy: FlakyProxy) -> None:
         with pytest.raises(Unavailable):
             await ef.delete_session(sid)  # no idempotency key: not repeated
     assert proxy.count("POST", "/calls") == 2 and proxy.count("DELETE", sid) == 1
+
+
+def test_the_retry_budget_is_time_and_the_environment_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = Retry(backoff=1.0, seconds=10.0)  # no count: as many attempts as ten seconds allow
+    assert policy.attempts is None
+    assert 1.0 <= (should_retry(get_scenario("x"), None, 50, policy, elapsed=5.0) or 0) <= 2.0  # backoff capped
+    assert should_retry(get_scenario("x"), None, 3, policy, elapsed=9.5) == pytest.approx(0.5, abs=0.01)  # cut
+    assert should_retry(get_scenario("x"), None, 3, policy, elapsed=10.0) is None  # spent
+    assert should_retry(create_environment("e", "C", "code"), None, 0, policy) is None  # never safe to repeat
+    assert Retry().seconds == 30.0
+    monkeypatch.setenv("ENVFOUNDRY_RETRY_SECONDS", "90")
+    assert Retry().seconds == 90.0 and Client("http://127.0.0.1:1").config.retry.seconds == 90.0
+    monkeypatch.setenv("ENVFOUNDRY_RETRY_SECONDS", "0")
+    assert should_retry(get_scenario("x"), None, 0, Retry()) is None  # 0: no retry
+    for wrong in ("soon", "-1"):
+        monkeypatch.setenv("ENVFOUNDRY_RETRY_SECONDS", wrong)
+        with pytest.raises(ValueError, match="ENVFOUNDRY_RETRY_SECONDS"):
+            Retry()
+    with pytest.raises(ValueError, match="needs a limit"):
+        Retry(seconds=None)  # no time limit and no count would retry forever

@@ -232,3 +232,32 @@ def test_a_turn_based_episode_ends_each_turn_with_the_agents_answer(ef_server: S
         assert "renew_loan" in [t["function"]["name"] for t in record["tools"]]
     finally:
         httpx.delete(f"{ef_server.url}/v1/scenarios/lib-turns-rollout")
+
+
+def test_rescore_replays_the_recorded_versions_and_scores_them_with_fixed_checks(
+        ef_server: Server, scripted: Running, tmp_path: Path) -> None:
+    scenario = httpx.get(f"{ef_server.url}/v1/scenarios/lib-001").json()
+    scenario_id = f"lib-rescore-{tmp_path.name[-6:]}"
+    body = {k: scenario[k] for k in ("env_id", "task", "init_config", "checklist", "reference_solution")}
+    added = httpx.post(f"{ef_server.url}/v1/scenarios", json={**body, "scenario_id": scenario_id})
+    assert added.status_code == 201, added.text
+    out = tmp_path / "rollout.jsonl"
+    done = rollout(ef_server, scripted, out, "--scenario", scenario_id, "--samples", "2", "--concurrency", "1")
+    assert done.returncode == 0, done.stderr
+    before = sorted((r["sample"], r["reward"]) for r in map(json.loads, out.read_text().splitlines()))
+    assert before == [(0, 1.0), (1, pytest.approx(1 / 3))]
+    # the checks are fixed later: only the first one counts now (a new version of the scenario)
+    fixed = httpx.post(f"{ef_server.url}/v1/scenarios", json={**body, "scenario_id": scenario_id,
+                                                               "checklist": scenario["checklist"][:1]})
+    assert fixed.status_code == 201 and fixed.json()["version"] != added.json()["version"]
+    for checks, expected in (("latest", [(0, 1.0), (1, 1.0)]), ("pinned", before)):
+        again = tmp_path / f"rescored-{checks}.jsonl"
+        rescored = envfoundry("rescore", str(out), "--server", ef_server.url, "--checks", checks, "--out", str(again))
+        assert rescored.returncode == 0, rescored.stderr
+        lines = [json.loads(line) for line in again.read_text().splitlines()]
+        assert sorted((r["sample"], r["reward"]) for r in lines) == expected, checks
+        assert all(r["rescored"]["diverged"] == [] for r in lines)  # the replay answered as recorded
+        assert {r["rescored"]["scenario_version"] for r in lines} == {
+            fixed.json()["version"] if checks == "latest" else added.json()["version"]}
+    assert "rescored 2 of 2 lines (latest checks): 1 rewards changed" in envfoundry(
+        "rescore", str(out), "--server", ef_server.url, "--out", str(tmp_path / "x.jsonl")).stdout

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ import pytest
 from service.auth import new_key
 from tests.client.agent_scripts import LIB_001, STORE_001
 from tests.client.test_rollout import task
-from tests.conftest import ROOT, Server, start_server
+from tests.conftest import ROOT, Server, drop_keys, start_server
 from tests.scripted_openai import Running
 
 PEER = Path(__file__).with_name("verifiers_peer.py")
@@ -47,9 +51,58 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, st
     server.stop()
 
 
+@dataclass
+class Restarting:
+    """A service (on Redis under a key prefix of its own, or on the memory store) that a run restarts."""
+
+    servers: list[Server]
+    redis_url: str | None
+    prefix: str
+    tmp: Path
+    started: threading.Thread | None = None
+
+    def restart(self) -> None:
+        """Stop the service now; start it again on its port and store once it has been down 2 s, in a thread."""
+        self.servers[-1].stop()
+
+        def start() -> None:
+            time.sleep(2)  # restarts take 1.7 to 5.5 s; the client's old 4 attempts gave up after 2 to 3.5
+            self.servers.append(start_server(self.tmp, redis_url=self.redis_url, port=port_of(self.servers[-1]),
+                                             extra_env={"ENVFOUNDRY_KEY_PREFIX": self.prefix}))
+
+        self.started = threading.Thread(target=start)
+        self.started.start()
+
+
+def port_of(server: Server) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+def restarting(redis_url: str | None, tmp: Path) -> Iterator[Restarting]:
+    prefix = f"eftest-{secrets.token_hex(4)}"
+    service = Restarting([start_server(tmp, redis_url=redis_url, extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})],
+                         redis_url, prefix, tmp)
+    yield service
+    if service.started is not None:
+        service.started.join(60)
+    service.servers[-1].stop()
+    if redis_url:
+        drop_keys(redis_url, prefix)
+
+
+@pytest.fixture(scope="module")
+def on_redis(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
+    yield from restarting(redis_url, tmp_path_factory.mktemp("redis-ef"))
+
+
+@pytest.fixture(scope="module")
+def on_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
+    yield from restarting(None, tmp_path_factory.mktemp("memory-ef"))
+
+
 @pytest.fixture(scope="module")
 def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], chat: Running,
-         tmp_path_factory: pytest.TempPathFactory) -> Runs:
+         on_redis: Restarting, on_memory: Restarting, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Each run's outcome and episodes (traces.jsonl), by name, with the model requests its conversation made."""
     tmp = tmp_path_factory.mktemp("vf")
     lib, store = task(ef_server, "lib-001"), task(ef_server, "store-001")
@@ -64,16 +117,35 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
         "cut": ["--env.taskset.scenario-ids", '["store-001"]',
                 "--env.agent.harness.id", "envfoundry-verifiers", "--env.agent.harness.max-turns", "1"],
         "unscripted": ["--env.taskset.scenario-ids", '["lib-002"]'],  # the model answers 404 to this conversation
+        "restart": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on Redis, restarted mid-run
         "keyed": ["--env.taskset.scenario-ids", '["lib-001"]'],  # the third lib-001 rollout: track 0 again
+        "lost": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on memory, restarted: sessions lost
     }
     keyed_server, key = keyed
+    served = {"keyed": keyed_server, "restart": on_redis.servers[0], "lost": on_memory.servers[0]}
     argv = [{"name": name, "argv": [*common, "--run.dir", name, *extra, "--env.taskset.base-url",
-                                    (keyed_server if name == "keyed" else ef_server).url]}
+                                    served.get(name, ef_server).url]}
             for name, extra in plan.items()]
+    asked_of_lib = [0]
+
+    def restart_mid_run(route: str) -> None:
+        # solve asks five times about lib-001; the restart run's second request comes after its first calls
+        if route == lib:
+            asked_of_lib[0] += 1
+            if asked_of_lib[0] == 7:
+                on_redis.restart()
+            if asked_of_lib[0] == 14:  # lost's first request: its sessions are open
+                on_memory.restart()
+
+    chat.script.before_answer = restart_mid_run
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
     env.update(HOME=str(tmp), SCRIPTED_KEY="agent-key", ENVFOUNDRY_API_KEY=key)  # verifiers keeps its cache and scratch under HOME
     done = subprocess.run([str(verifiers_python), str(PEER), json.dumps(argv)],
                           capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
+    chat.script.before_answer = None
+    for service in (on_redis, on_memory):
+        if service.started is not None:
+            service.started.join(60)  # the service is back (the rollouts may have given up before it was)
     assert done.returncode == 0, done.stderr[-4000:]
     out: Runs = {}
     for line in done.stdout.splitlines():
@@ -84,8 +156,8 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
             result["episodes"] = [json.loads(e) for e in result["written"].splitlines()]
             out[result["name"]] = result
     asked = chat.script.agent_requests()
-    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve's, then keyed's
-    out["solve"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:]
+    of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve, restart, keyed, lost
+    out["solve"]["asked"], out["restart"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:10], of_lib[10:13]
     out["cut"]["asked"] = [r for r in asked if r.route == store]
     return out
 
@@ -159,3 +231,28 @@ def test_the_key_from_the_environment_reaches_a_keyed_service_and_no_trace(runs:
     assert trace["ok"] and not trace["errors"] and trace["rewards"]["checks"]["score"] == 1.0
     assert len(run["asked"]) == 3 and key not in run["written"]
     assert httpx.post(f"{server.url}/v1/sessions", json={"scenario_id": "lib-001"}).status_code == 401
+
+
+def test_a_restart_mid_run_on_redis_is_invisible_to_the_rollouts(runs: Runs, on_redis: Restarting) -> None:
+    run = runs["restart"]
+    assert run["exit"] == 0, run
+    assert len(on_redis.servers) == 2  # it did restart, while the rollouts were calling tools
+    traces = played(run)
+    assert len(traces) == 2 and all(t["ok"] and not t["errors"] for t in traces), traces
+    assert sorted(t["rewards"]["checks"]["score"] for t in traces) == [pytest.approx(1 / 3), 1.0]
+    assert len(run["asked"]) == 5  # as without a restart
+    for t in traces:  # each session deleted after scoring, on the restarted service
+        assert httpx.get(f"{on_redis.servers[-1].url}/v1/sessions/{t['info']['envfoundry_session_id']}").status_code == 404
+
+
+def test_sessions_lost_in_a_memory_store_restart_end_their_rollouts_unscored_saying_so(
+        runs: Runs, on_memory: Restarting) -> None:
+    run = runs["lost"]
+    assert run["exit"] == 0, run  # the eval goes on; the failures are the rollouts'
+    traces = played(run)
+    assert len(traces) == 2 and len(on_memory.servers) == 2
+    for trace in traces:
+        assert not trace["ok"] and trace["rewards"] == {} and trace["stop_condition"] == "harness_error"
+        (error,) = trace["errors"]
+        session = trace["info"]["envfoundry_session_id"]
+        assert f"envfoundry session {session} is gone: the service restarted on a memory store" in error["message"]

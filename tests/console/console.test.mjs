@@ -52,6 +52,11 @@ try {
   assert.ok(/class \w+/.test(sourceText) && sourceText.includes("def "), "the class source is shown");
   assert.ok(await source.locator("span.tok-kw").count() > 10, "Python keywords are highlighted");
   assert.ok(await source.locator("span.tok-str").count() > 0, "strings are highlighted");
+  await page.getByRole("heading", { name: /^Versions \(\d+\)$/ }).waitFor();
+  const chosen = await page.locator("select#version option[selected]").textContent();
+  assert.ok(/^[0-9a-f]{12}/.test(chosen) && chosen.includes("(latest)"), `the served version is selected: ${chosen}`);
+  assert.ok((await page.locator("section:has(#versions-h) ol.versions li").first().textContent()).includes("added"),
+    "each version says what it changed in the tools");
   await shot("01-environment");
   ok("the catalog lists environments; an environment shows rules, tools with their JSON Schemas, scenarios and its highlighted class source");
 

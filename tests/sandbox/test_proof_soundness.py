@@ -87,6 +87,14 @@ class Env:
     def _look(self, key):
         return self.items.get(key)
 
+    def _lookup(self, table, key):
+        """The bundled catalog's helper."""
+        return table.get(key) if isinstance(key, str) else None
+
+    def _first(self, table, key):
+        found = table.get(key)
+        return found
+
     def _peek(self):
         return self.log
 
@@ -137,6 +145,12 @@ ENTRY_STORES = ["self.items[key]", "self.items[key]['n']", "self.items[key]['tag
 ENTRY_WRITES = ["self.items[key]['n'] = 0", "r['tags'].append(key)", "self.items[key]['tags'] += [1]",
                 "del self.items[key]['tags']", "r['n'] += 1", "self.items[key] = {'tags': [key], 'n': 0}",
                 "del self.items[key]", "self.items[key]['tags'].sort()", "r['tags'].extend([n, key])"]
+# How a tool names the entry ``self.items[key]`` (or another) before it changes it through ``r``.
+ENTRIES = ["self.items[key]", "self.items[key]", "self.items.get(key)", "self.items.get(key, None)",
+           "self.items.get(other)", "self.items.get(key, self.seen)", "self.items.get(key, {})",
+           "self.items.get(key, 'none')", "self.items.get(key)['tags']", "self._look(key)", "self._lookup(self.items, key)",
+           "self._lookup(self.items, other)", "self._lookup(self.seen, key)", "self._lookup(y, key)",
+           "self._first(self.items, key)", "self._lookup(self.items, key)['tags']"]
 LOOP_LOCALS = ["t", "(t, u)", "[t, *u]", "made[0]"]
 LOOP_STORES = ["self.cursor", "self.best", "self.seen['last']", "self.items[key]['n']", "(t, self.best)", "x[0]",
                "[t, *self.log]", "r['n']"]
@@ -287,7 +301,9 @@ def tools(draw: st.DrawFn) -> str:
     one statement drawn from everything spliced in; then most often a ``return``."""
     mode = draw(st.sampled_from(["reads", "reads", "reads", "entry", "entry", "free"]))
     grammar = Grammar(mode)
-    prelude = ["r = self.items[key]", "made = []", "n = 0", "f = self.items.get", "g = len", "x = self.items[other]['tags']", "y = self.seen"] if mode != "free" or draw(st.booleans()) else []
+    # (the alias of an entry, by subscript or by ``get``: with a default, or none, or a key that is missing)
+    entry = draw(st.sampled_from(ENTRIES))
+    prelude = [f"r = {entry}", "made = []", "n = 0", "f = self.items.get", "g = len", "x = self.items[other]['tags']", "y = self.seen"] if mode != "free" or draw(st.booleans()) else []
     lines = prelude + sum(draw(st.lists(statements(grammar), min_size=1, max_size=4)), [])
     if mode == "entry":
         at = draw(st.sampled_from(_between(lines, len(prelude))))
@@ -480,6 +496,48 @@ def test_a_lambda_parameter_is_not_an_alias_of_an_entry() -> None:
     module = _compiled(_source(body))
     assert module is not None
     assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "a", "other": "b"}) is None
+
+
+def test_an_entry_named_through_get_is_confined_as_a_subscript_is() -> None:
+    """``a = self.accounts.get(p); a["note"] = x``, the way tools are commonly written, is proven
+    as ``self.accounts[p]["note"] = x`` is, and so is an entry a helper of one ``return`` gives
+    back (the bundled catalog's ``self._lookup(self.accounts, p)``); a default that could be part
+    of the state is not."""
+    confined = {
+        "get": "r = self.items.get(key)\nif r is None:\n    return 'none'\nr['n'] = 5",
+        "get_none": "r = self.items.get(key, None)\nif not r:\n    return 'none'\nr['tags'].append(1)",
+        "below": "t = self.items.get(key)['tags']\nt.append(n)",
+        "chained": "self.items.get(key)['n'] += 1",
+    }
+    for name, body in confined.items():
+        module = _compiled(_source("n = 0\n" + body))
+        assert module is not None
+        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
+        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
+        for key in ("a", "zz"):
+            assert unsound("n = 0\n" + body, key, "b") is None, name
+    helped = {
+        "own_attribute": "r = self._look(key)\nif r is None:\n    return 'none'\nr['n'] = 5",
+        "given_table": "r = self._lookup(self.items, key)\nif not r:\n    return 'none'\nr['tags'].append(n)",
+        "below": "t = self._lookup(self.items, key)['tags']\nt.append(1)",
+    }
+    for name, body in helped.items():
+        module = _compiled(_source("n = 0\n" + body))
+        assert module is not None
+        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
+        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
+        for key in ("a", "zz"):
+            assert unsound("n = 0\n" + body, key, "b") is None, name
+    # a helper that binds a local first, a table that is no attribute of the instance: no proof
+    for body in ("r = self._first(self.items, key)\nr['n'] = 5", "y = self.seen\nr = self._lookup(y, key)\nr['n'] = 5"):
+        module = _compiled(_source(body))
+        assert module is not None
+        assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "a", "other": "b"}) is None, body
+    for default in ("self.seen", "{}", "[]", "self.items['b']", "key"):
+        body = f"r = self.items.get(key, {default})\nr['n'] = 5"
+        module = _compiled(_source(body))
+        assert module is not None
+        assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "zz", "other": "b"}) is None, default
 
 
 def test_a_number_scaled_by_a_list_is_no_longer_fresh() -> None:

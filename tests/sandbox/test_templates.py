@@ -9,12 +9,14 @@ exactly what a plain init builds.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.deltas import Base, compose
+from sandbox.pool import EnvCode, Stored, WorkerPool
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +41,17 @@ class Shop:
 
     def builds(self) -> int:
         return len(BUILT)
+
+    def add(self, item: str, stock: int) -> dict:
+        self.items[item] = {"stock": stock}
+        return {"success": True}
+
+    def drop(self, item: str) -> dict:
+        del self.items[item]
+        return {"success": True}
+
+    def stocks(self) -> dict:
+        return {item: entry["stock"] for item, entry in self.items.items()}
 '''
 SHOP = EnvCode("templates-shop", "templates_shop", "Shop", CODE)
 FAILING = EnvCode("templates-failing", "templates_failing", "Shop", CODE.replace(
@@ -113,3 +126,53 @@ async def test_a_deleted_environments_templates_end(pool_factory: Any) -> None:
         assert memory.templates == 0 and memory.live == 0
         again = await Live.start(pool, "b", "t-shop", {"count": 3})
         assert await again.call("builds") == 1  # a new host, a new template
+
+
+async def test_a_cold_session_rebuilt_from_its_template_and_delta_is_exactly_its_stored_state(
+        pool_factory: Any) -> None:
+    """A session kept as its scenario's initial state plus a delta, its process gone, is rebuilt as
+    a fork of the template with the delta applied, whatever the delta holds: entries changed in
+    place (only they are looked at then), added, removed. Its answers, the deltas of its later
+    calls and the state they compose to are those of the session that never went cold; the state
+    arrives in init_config, as EnvScaler's scenarios carry it."""
+    async with pool_factory(size=1) as pool:
+        config = {"count": 0, "items": {f"i{n}": {"stock": n} for n in range(300)}}
+        base = await pool.init_state(SHOP, config, session="s", template="t-cold", deltas=True)
+        digest = hashlib.sha256(base.encode()).hexdigest()
+        fields: dict[str, str] = {}
+        expected = {f"i{n}": n for n in range(300)}
+        step = 0
+
+        async def run(name: str, **arguments: Any) -> Any:
+            nonlocal step
+
+            async def stored() -> Stored:
+                return Stored(compose(Base(base), fields), dict(fields), template="t-cold", init_config=config,
+                              base=digest)
+
+            outcome = await pool.session_call(SHOP, "s", step, stored, name, arguments, deltas=True)
+            assert outcome.ok, outcome.error
+            assert outcome.state is None or outcome.delta is not None or outcome.rebase is False
+            if outcome.delta is not None:
+                fields.update(outcome.delta["set"])
+                for gone in outcome.delta["unset"]:
+                    fields.pop(gone, None)
+            step += 1
+            return outcome.result
+
+        for name, arguments, change in (
+            ("buy", {"item": "i5"}, lambda: expected.update(i5=4)),
+            ("buy", {"item": "i299"}, lambda: expected.update(i299=298)),
+            ("add", {"item": "new", "stock": 7}, lambda: expected.update(new=7)),
+            ("buy", {"item": "new"}, lambda: expected.update(new=6)),
+            ("drop", {"item": "i7"}, lambda: expected.pop("i7")),
+            ("buy", {"item": "i8"}, lambda: expected.update(i8=7)),
+        ):
+            await run(name, **arguments)
+            change()
+            pool.forget("s")  # its process no longer serves it: the next call rebuilds it
+            assert await run("stocks") == expected
+            assert await run("stock", item="i5") == expected["i5"]
+            shown = json.loads(compose(Base(base), fields))["items"]
+            assert {item: entry["stock"] for item, entry in shown.items()} == expected
+            assert list(shown) == list(expected)  # (the order the plain class keeps)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tests.scripted_openai import Answer, Logged, Reply, ScriptedOpenAI, Status
@@ -78,6 +78,8 @@ class ScriptedChat(ScriptedOpenAI):
         self.scripts: dict[str, list[list[Turn]]] = {}  # first user message -> tracks
         self.users: dict[str, list[str]] = {}  # a scenario's task -> the user's replies
         self._openings: Counter[str] = Counter()
+        # called with each agent request's first user message before it is answered (a test acts on the run there)
+        self.before_answer: Callable[[str], None] | None = None
 
     def reset(self, scripts: dict[str, list[list[Turn]]] | None = None, users: dict[str, list[str]] | None = None) -> None:
         super().reset()
@@ -101,6 +103,8 @@ class ScriptedChat(ScriptedOpenAI):
                 return "user", 0, Status(404, "no simulated user has this goal")
             return "user", 0, self._answer({"role": "assistant", "content": reply}, len(messages))
         first_user = next((m["content"] for m in messages if m["role"] == "user"), None)
+        if self.before_answer is not None:
+            self.before_answer(str(first_user))
         if first_user not in self.scripts:
             return "", 0, Status(404, f"no script for the conversation {str(first_user)[:80]!r}")
         history = [m for m in messages if m["role"] == "assistant"]

@@ -47,7 +47,9 @@ def _added(client: httpx.Client, env_id: str, code: str, label: str | None = Non
 def test_new_code_is_a_new_version_and_sessions_keep_theirs(client: httpx.Client) -> None:
     env_id = f"counter-{secrets.token_hex(4)}"
     one = _added(client, env_id, V1, "first")
-    old = new_session(client, env_id=env_id)
+    created = client.post("/v1/sessions", json={"env_id": env_id}).json()
+    assert created["env_version"] == one["version"] and created["scenario_version"] is None
+    old = created["session_id"]
     assert call(client, old, "bump")["result"] == 1
     two = _added(client, env_id, V2, "second")
     assert one["version"] != two["version"] and two["label"] == "second"
@@ -55,6 +57,8 @@ def test_new_code_is_a_new_version_and_sessions_keep_theirs(client: httpx.Client
     # the session made on the first version goes on with it; a new one gets the latest
     assert call(client, old, "bump")["result"] == 2
     assert client.get(f"/v1/sessions/{old}").json()["env_version"] == one["version"]
+    forked = client.post(f"/v1/sessions/{old}/fork").json()  # a fork runs what its parent runs
+    assert forked["env_version"] == one["version"] and call(client, forked["session_id"], "bump")["result"] == 3
     assert call(client, new_session(client, env_id=env_id), "bump")["result"] == 2
     # a version by label or digest prefix, for a session or a read
     for named in ("first", one["version"][:8], one["version"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any
 
@@ -101,6 +102,23 @@ def test_a_retried_create_and_fork_with_their_keys_make_nothing_new(client: http
     forked = client.post(f"/v1/sessions/{first['session_id']}/fork", json={"n": 2}, headers=fork_key).json()
     replay = client.post(f"/v1/sessions/{first['session_id']}/fork", json={"n": 2}, headers=fork_key).json()
     assert replay == forked
+
+
+def test_a_retried_create_with_a_large_init_config_is_the_same_byte_for_byte(client: httpx.Client) -> None:
+    """A body of 64 KiB or more is fingerprinted by its bytes (dumping megabytes of config again
+    for the key cost several parses of it): the same bytes replay, other bytes are refused."""
+    key = {"Idempotency-Key": "large-" + secrets.token_hex(8), "content-type": "application/json"}
+    config = {"notes": {f"n{i:05d}": "x" * 40 for i in range(2000)}}
+    body = json.dumps({"env_id": "probe", "init_config": config}).encode()
+    assert len(body) > 64 * 1024
+    first = client.post("/v1/sessions", content=body, headers=key)
+    assert first.status_code == 201, first.text
+    again = client.post("/v1/sessions", content=body, headers=key)
+    assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
+    config["notes"]["n00000"] = "y"
+    other = json.dumps({"env_id": "probe", "init_config": config}).encode()
+    problem(client.post("/v1/sessions", content=other, headers=key), 422, "idempotency-key-reused")
+    assert state(client, first.json()["session_id"])["state"]["notes"]["n00000"] == "x" * 40
 
 
 def test_a_malformed_idempotency_key_is_refused(client: httpx.Client) -> None:

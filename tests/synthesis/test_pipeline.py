@@ -105,6 +105,13 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
                                                                          "warehouse_inventory"]  # fmt: skip
             parking = http.get("/v1/environments/parking_permits").json()
             assert "cancel_permit" not in {t["function"]["name"] for t in parking["tools"]}
+            # the published catalog is locked, and each served version traces back to the run that made it
+            assert http.get("/v1/catalog/manifest").json()["drift"] == []
+            traced = [json.loads(line) for line in (first_run.out / "_work" / "versions.jsonl").read_text().splitlines()]
+            served = {e["env_id"]: http.get(f"/v1/environments/{e['env_id']}").json() for e in envs["environments"]}
+            assert {(t["env_id"], t["version"]) for t in traced} == {(k, v["version"]) for k, v in served.items()}
+            assert {t["run"] for t in traced} == {served["parking_permits"]["provenance"]["run"]}
+            assert traced[0]["models"] == served["parking_permits"]["provenance"]["models"]
             assert not any("cancel" in rule for rule in parking["rules"]), parking["rules"]
             for scenario_id in KEPT_SCENARIOS:
                 scenario = http.get(f"/v1/scenarios/{scenario_id}").json()
@@ -138,7 +145,8 @@ def test_a_rerun_of_a_finished_run_makes_no_request(first_run: FirstRun, tmp_pat
     # --max-envs 2 leaves the failing environment out, so nothing is unfinished
     assert synth("all", first_run.config, out, "--max-envs", "2") == 0
     assert llm.script.count() == 0
-    assert sorted(p.name for p in out.iterdir()) == ["_work", "clinic_appointments", "warehouse_inventory"]
+    assert sorted(p.name for p in out.iterdir()) == ["_work", "clinic_appointments", "envfoundry.lock.json",
+                                                     "warehouse_inventory"]
     assert synth("all", first_run.config, out, "--max-envs", "2") == 0
     assert llm.script.count() == 0
 

@@ -876,7 +876,10 @@ export interface components {
         };
         /** SessionCreate */
         SessionCreate: {
-            /** Env Id */
+            /**
+             * Env Id
+             * @description The environment to start without a scenario (env_id or env_id@<label or digest prefix>); with scenario_id, only a version of the scenario's environment (env_id@...), to replay exactly what an earlier session ran.
+             */
             env_id?: string | null;
             /**
              * Group Seeds
@@ -902,7 +905,10 @@ export interface components {
              * @default 1
              */
             n?: number;
-            /** Scenario Id */
+            /**
+             * Scenario Id
+             * @description The scenario to start (its latest version, or scenario_id@<label or digest prefix>).
+             */
             scenario_id?: string | null;
             /**
              * Seed
@@ -914,6 +920,11 @@ export interface components {
         SessionCreated: {
             /** Env Id */
             env_id: string;
+            /**
+             * Env Version
+             * @description The environment version the sessions run (its digest; env_id@<it> names it).
+             */
+            env_version?: string | null;
             /** Introduction */
             introduction: string;
             /**
@@ -925,6 +936,11 @@ export interface components {
             rules: string[];
             /** Scenario Id */
             scenario_id: string | null;
+            /**
+             * Scenario Version
+             * @description The scenario version they run.
+             */
+            scenario_version?: string | null;
             /**
              * Session Id
              * @description The first of session_ids.
@@ -3671,7 +3687,10 @@ export interface operations {
     };
     score_session_v1_sessions__session_id__score_post: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Score with the checks of this version of the session's own scenario instead of the one it started on: its id for the latest, or scenario_id@<label or digest prefix> (re-scoring after a check was fixed). */
+                scenario?: string | null;
+            };
             header?: never;
             path: {
                 session_id: string;

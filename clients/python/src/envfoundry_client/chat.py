@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ class ChatLLM:
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.retry = retry or Retry()
+        # an LLM endpoint that is down stays down for longer than a restart: a few attempts, then the episode fails
+        self.retry = retry or Retry(attempts=4, backoff=0.5, seconds=None)
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
                                        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
                                        limits=httpx.Limits(max_connections=max_connections))
@@ -50,7 +52,7 @@ class ChatLLM:
             body["temperature"] = self.temperature
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             wait: float | None = None
             try:
@@ -68,9 +70,10 @@ class ChatLLM:
                     wait = retry_after(response.headers)
                 else:  # a request the endpoint rejects will be rejected again
                     raise LLMError(f"the LLM endpoint answered {response.status_code}: {response.text[:500]}")
-            if attempt + 1 >= self.retry.attempts:
+            pause = self.retry.wait(attempt, wait, time.monotonic() - started)
+            if pause is None:
                 raise LLMError(f"{problem} (after {attempt + 1} attempts)")
-            await asyncio.sleep(self.retry.delay(attempt, wait))
+            await asyncio.sleep(pause)
             attempt += 1
 
     async def aclose(self) -> None:

@@ -25,7 +25,7 @@ def _positive(text: str) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``rollout`` and ``export`` to an argparse subparsers object."""
+    """Add ``rollout``, ``rescore`` and ``export`` to an argparse subparsers object."""
     ro = sub.add_parser("rollout", help="run an agent (any OpenAI-compatible endpoint) on scenarios; write JSONL",
                         description="Run an agent on scenarios and write one trajectory per line.")
     ro.add_argument("--server", default=os.environ.get("ENVFOUNDRY_URL", "http://127.0.0.1:8000"),
@@ -54,6 +54,18 @@ def add_parsers(sub: Any) -> None:
     ro.add_argument("--keep-sessions", action="store_true", help="do not delete sessions after scoring")
     ro.add_argument("--out", required=True, metavar="OUT.jsonl")
     ro.set_defaults(run=cmd_rollout)
+
+    rs = sub.add_parser("rescore", help="score rollout JSONL again against the scenarios' checks as they are now",
+                        description="Replay each line's tool calls on the versions it recorded and score the state "
+                                    "with the scenario's latest checks (or the pinned ones), without the model.")
+    rs.add_argument("input", metavar="IN.jsonl")
+    rs.add_argument("--server", default=os.environ.get("ENVFOUNDRY_URL", "http://127.0.0.1:8000"))
+    rs.add_argument("--api-key", help="envfoundry API key (default: ENVFOUNDRY_API_KEY)")
+    rs.add_argument("--checks", choices=["latest", "pinned"], default="latest",
+                    help="the scenario's latest checks, or those of the version the line was scored with")
+    rs.add_argument("--concurrency", type=_positive, default=4)
+    rs.add_argument("--out", required=True, metavar="OUT.jsonl")
+    rs.set_defaults(run=cmd_rescore)
 
     ex = sub.add_parser("export", help="turn rollout JSONL into training data").add_subparsers(dest="kind",
                                                                                               required=True)
@@ -106,6 +118,30 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     everything = all(failed_outside_agent(r) for r in records)
     print(f"{'error' if everything else 'warning'}: {problem}", file=sys.stderr)
     return 1 if everything else 0
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    from envfoundry_client.client import AsyncClient
+    from envfoundry_client.rescore import rescore
+    from envfoundry_client.sft import read_jsonl
+
+    records = read_jsonl(Path(args.input).read_text(encoding="utf-8"))
+
+    async def run() -> list[dict[str, Any]]:
+        async with AsyncClient(args.server, api_key=args.api_key) as ef:
+            return await rescore(ef, records, checks=args.checks, concurrency=args.concurrency)
+
+    scored = asyncio.run(run())
+    Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored), encoding="utf-8")
+    failed = [r for r in scored if "error" in r["rescored"]]
+    changed = sum(1 for r in scored if "error" not in r["rescored"] and r["reward"] != r["rescored"]["previous_reward"])
+    diverged = sum(1 for r in scored if r["rescored"].get("diverged"))
+    print(f"rescored {len(scored) - len(failed)} of {len(scored)} lines ({args.checks} checks): {changed} rewards "
+          f"changed, {diverged} replays answered otherwise than recorded; wrote {args.out}")
+    for record in failed[:5]:
+        print(f"error: {record.get('scenario_id')} sample {record.get('sample')}: {record['rescored']['error']}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:

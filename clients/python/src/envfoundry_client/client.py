@@ -43,8 +43,9 @@ def _async(build: Callable[P, Operation[T]]) -> Callable[Concatenate[AsyncClient
     return method
 
 
-def _failed(op: Operation[Any], exc: httpx.TransportError) -> TransportError:
-    return TransportError(f"{op.method} {op.path}: {type(exc).__name__}: {exc or 'no answer'}")
+def _failed(op: Operation[Any], exc: httpx.TransportError, attempt: int) -> TransportError:
+    tried = f" (after {attempt + 1} attempts)" if op.retryable else " (not repeated: it is not safe to)"
+    return TransportError(f"{op.method} {op.path}: {type(exc).__name__}: {exc or 'no answer'}{tried}")
 
 
 class Client:
@@ -66,16 +67,16 @@ class Client:
 
     def send(self, op: Operation[T]) -> T:
         """Run one operation, retrying where safe. Raises a ``ProblemError`` subclass or ``TransportError``."""
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 response = self._http.request(op.method, op.path, **request_kwargs(op))
             except httpx.TransportError as exc:
-                wait = should_retry(op, None, attempt, self.config.retry)
+                wait = should_retry(op, None, attempt, self.config.retry, time.monotonic() - started)
                 if wait is None:
-                    raise _failed(op, exc) from exc
+                    raise _failed(op, exc, attempt) from exc
             else:
-                wait = should_retry(op, response, attempt, self.config.retry)
+                wait = should_retry(op, response, attempt, self.config.retry, time.monotonic() - started)
                 if wait is None:
                     return read(op, response)
             time.sleep(wait)
@@ -151,16 +152,16 @@ class AsyncClient:
 
     async def send(self, op: Operation[T]) -> T:
         """Run one operation, retrying where safe. Raises a ``ProblemError`` subclass or ``TransportError``."""
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 response = await self._http.request(op.method, op.path, **request_kwargs(op))
             except httpx.TransportError as exc:
-                wait = should_retry(op, None, attempt, self.config.retry)
+                wait = should_retry(op, None, attempt, self.config.retry, time.monotonic() - started)
                 if wait is None:
-                    raise _failed(op, exc) from exc
+                    raise _failed(op, exc, attempt) from exc
             else:
-                wait = should_retry(op, response, attempt, self.config.retry)
+                wait = should_retry(op, response, attempt, self.config.retry, time.monotonic() - started)
                 if wait is None:
                     return read(op, response)
             await asyncio.sleep(wait)

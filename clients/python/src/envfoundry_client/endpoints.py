@@ -275,9 +275,12 @@ def trajectory(session_id: str, *, offset: int = 0, limit: int | None = None) ->
     return _get(f"/v1/sessions/{_seg(session_id)}/trajectory", TrajectoryPage.from_json, params or None)
 
 
-def score(session_id: str) -> Operation[Score]:
-    """Run the scenario's checks on the current state; the session goes on."""
-    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/score", Score.from_json, safe=True)
+def score(session_id: str, *, scenario: str | None = None) -> Operation[Score]:
+    """Run the scenario's checks on the current state; the session goes on. With ``scenario``
+    (its own scenario's id for the latest version, or ``scenario_id@<version>``), the checks of that
+    version instead of the one the session started on."""
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/score", Score.from_json,
+                     params=None if scenario is None else {"scenario": scenario}, safe=True)
 
 
 def fork(session_id: str, *, n: int = 1, step: int | None = None, seed: int | None = None,

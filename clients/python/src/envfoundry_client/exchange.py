@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
@@ -27,20 +27,64 @@ RETRY_WHEN_TOLD = frozenset({409, 502})
 PERMANENT = frozenset({PROBLEM_PREFIX + "user-llm-unavailable"})
 
 
+RETRY_SECONDS = 30.0  # a restart of the service takes a few seconds: the default budget rides over it
+
+
+def _budget_from_environment() -> float:
+    """``ENVFOUNDRY_RETRY_SECONDS``, so that a client built by a harness (verifiers) can be tuned."""
+    value = os.environ.get("ENVFOUNDRY_RETRY_SECONDS")
+    if value is None or not value.strip():
+        return RETRY_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # (NaN too)
+        raise ValueError(f"ENVFOUNDRY_RETRY_SECONDS is {value!r}: seconds, 0 or more (0: no retry)")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Retry:
-    """How often and how long to wait between attempts of a retryable operation."""
+    """How long, and how often, to keep repeating an operation that is safe to repeat.
 
-    attempts: int = 4  # first try included
-    backoff: float = 0.5  # seconds before the 2nd attempt, doubled each time, with jitter
+    The budget is time: an operation is repeated until ``seconds`` have passed since its first
+    attempt (default 30, or ``ENVFOUNDRY_RETRY_SECONDS``; 0: no retry; None: no time limit, which
+    needs ``attempts``), or ``attempts`` have been made when that is set. A service restart takes
+    a few seconds; counting attempts alone gave up before it came back.
+    """
+
+    attempts: int | None = None  # first try included; None: as many as the time budget allows
+    backoff: float = 0.25  # seconds before the 2nd attempt, doubled each time, with jitter
     max_delay: float = 30.0  # no wait is longer, whatever Retry-After says
+    seconds: float | None = field(default_factory=_budget_from_environment)  # None: attempts only
+    max_backoff: float = 2.0  # backoff stops doubling here, so a service back up is found soon
+
+    def __post_init__(self) -> None:
+        if self.attempts is None and self.seconds is None:
+            raise ValueError("Retry needs a limit: attempts, seconds or both")
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_delay)
-        base = self.backoff * 2.0 ** attempt
+        base = min(self.backoff * 2.0 ** min(attempt, 30), self.max_backoff)
         return min(base * (0.5 + random.random() / 2), self.max_delay)  # jitter spreads a herd of clients
+
+    def wait(self, attempt: int, retry_after: float | None, elapsed: float) -> float | None:
+        """The wait before attempt ``attempt + 1``, or None when the budget is spent.
+
+        A wait that would overrun the time budget is cut to what is left: one last attempt at the end.
+        """
+        if self.attempts is not None and attempt + 1 >= self.attempts:
+            return None
+        wait = self.delay(attempt, retry_after)
+        if self.seconds is not None:
+            left = self.seconds - elapsed
+            if left <= 0:
+                return None
+            wait = min(wait, left)
+        return wait
 
 
 @dataclass(frozen=True)
@@ -91,17 +135,19 @@ def retry_after(headers: httpx.Headers) -> float | None:
     return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
-def should_retry(op: Operation[Any], response: httpx.Response | None, attempt: int, retry: Retry) -> float | None:
-    """Seconds to wait before sending ``op`` again, or None to stop. ``response`` None: no answer came."""
-    if not op.retryable or attempt + 1 >= retry.attempts:
+def should_retry(op: Operation[Any], response: httpx.Response | None, attempt: int, retry: Retry,
+                 elapsed: float = 0.0) -> float | None:
+    """Seconds to wait before sending ``op`` again, or None to stop. ``response`` None: no answer came.
+    ``elapsed``: seconds since the operation's first attempt."""
+    if not op.retryable:
         return None
     if response is None:
-        return retry.delay(attempt, None)
+        return retry.wait(attempt, None, elapsed)
     told = retry_after(response.headers)
     if response.status_code in RETRY_STATUSES and not _permanent(response):
-        return retry.delay(attempt, told)
+        return retry.wait(attempt, told, elapsed)
     if response.status_code in RETRY_WHEN_TOLD and told is not None:
-        return retry.delay(attempt, told)
+        return retry.wait(attempt, told, elapsed)
     return None
 
 

@@ -38,8 +38,9 @@ import httpx
 import verifiers.v1 as vf
 from pydantic import Field
 
+from envfoundry_client import leases
 from envfoundry_client.client import AsyncClient, Client
-from envfoundry_client.errors import NotFound
+from envfoundry_client.errors import EnvfoundryError, NotFound
 from envfoundry_client.models import Score
 
 JSON = dict[str, Any]
@@ -73,6 +74,7 @@ class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
         """Open this rollout's session on the scenario."""
         async with AsyncClient(self.data.base_url) as ef:
             session = await ef.create_session(self.data.scenario_id)
+            leases.hold(ef.config, session.session_id)  # deleted at exit or on SIGTERM if cleanup never runs
         trace.state.session_id = session.session_id
         trace.info["envfoundry_session_id"] = session.session_id  # the state is not saved with the trace
 
@@ -96,6 +98,7 @@ class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
 
 class EnvfoundryTaskset(vf.Taskset[EnvfoundryTask, EnvfoundryTasksetConfig]):
     def load(self) -> Iterator[EnvfoundryTask]:
+        leases.install()  # signal handlers can only be set from the main thread, where the taskset loads
         with Client(self.config.base_url) as ef:
             base_url = ef.config.base_url
             env_ids = self.config.env_ids or [e.env_id for e in ef.list_environments()]
@@ -158,8 +161,14 @@ class EnvfoundryHarness(vf.Harness[EnvfoundryHarnessConfig]):
                     return vf.ProgramResult(0, message.get("content") or "", "")
                 for call in calls:
                     function = call.get("function") or {}
-                    # a refused or malformed call is the environment's observation: the model sees it
-                    result = await ef.call(session_id, str(function.get("name")), function.get("arguments") or "{}")
+                    # a refused or malformed call is the environment's observation: the model sees it;
+                    # a failure of the service (a lost session, no answer within the retry budget)
+                    # ends the rollout as the harness's error, saying so, rather than being scored
+                    try:
+                        result = await ef.call(session_id, str(function.get("name")),
+                                               function.get("arguments") or "{}")
+                    except EnvfoundryError as exc:
+                        return vf.ProgramResult(1, "", _service_failure(session_id, exc))
                     messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": result.observation})
         trace.stop("max_turns")
         return vf.ProgramResult(0, "", "")
@@ -173,7 +182,11 @@ class EnvfoundryHarness(vf.Harness[EnvfoundryHarnessConfig]):
             async with AsyncClient(base_url) as ef:
                 await ef.delete_session(session_id)
         except NotFound:
-            pass  # expired or deleted elsewhere: nothing is left
+            leases.release(session_id)  # expired or deleted elsewhere: nothing is left
+        except (EnvfoundryError, RuntimeError):
+            pass  # the service down past the retry budget: leases tries again at exit, then its TTL reaps it
+        else:
+            leases.release(session_id)
         trace.state.session_id = None
 
 
@@ -196,7 +209,19 @@ def _session(trace: vf.Trace) -> str:
 
 async def _score(base_url: str, session_id: str) -> Score:
     async with AsyncClient(base_url) as ef:
-        return await ef.score(session_id)
+        try:
+            return await ef.score(session_id)
+        except EnvfoundryError as exc:
+            raise RuntimeError(_service_failure(session_id, exc)) from exc
+
+
+def _service_failure(session_id: str, exc: EnvfoundryError) -> str:
+    """What a rollout that failed outside the agent says: it is not scored."""
+    if isinstance(exc, NotFound):
+        why = "is gone: the service restarted on a memory store, or the session expired"
+    else:
+        why = f"failed: {exc}"
+    return f"envfoundry session {session_id} {why}; this rollout cannot be scored"
 
 
 __all__ = ["EnvfoundryData", "EnvfoundryEnv", "EnvfoundryEnvConfig", "EnvfoundryHarness", "EnvfoundryHarnessConfig",
