@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, Securi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service import calls, idempotency, schemas
+from service import calls, idempotency, schemas, turns
 from service.auth import KeyRing, Principal
-from service.catalog import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, new_scenario_id
+from service.catalog import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, Turn, new_scenario_id
 from service.catalog import CheckItem as CatalogCheck
 from service.observability import Metrics
 from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
@@ -224,17 +224,29 @@ async def get_scenario(scenario_id: str, who: Principal = Run,
 @router.post("/v1/scenarios", status_code=201, response_model=schemas.ScenarioDetail, tags=["scenarios"])
 async def create_scenario(body: schemas.ScenarioCreate, who: Principal = Admin,
                           reg: Registry = Depends(registry)) -> schemas.ScenarioDetail:
+    if body.task is None and not body.turns:
+        raise InvalidRequest("task is required unless turns are given", field="task")
+    turn_list = tuple(Turn(
+        message=t.message, tools=tuple(t.tools),
+        checklist=tuple(CatalogCheck(item=c.item, check=c.check, kind=c.kind) for c in t.checklist),
+        reference_solution=None if t.reference_solution is None else tuple(
+            ToolCall(name=c.name, arguments=c.arguments) for c in t.reference_solution))
+        for t in body.turns or [])
+    solution = body.reference_solution
+    if turn_list and any(t.reference_solution is not None for t in turn_list):
+        solution = [c for t in body.turns or [] for c in t.reference_solution or []]
     scenario = Scenario(
         scenario_id=body.scenario_id or new_scenario_id(),
         env_id=body.env_id,
-        task=body.task,
+        task=body.task if body.task is not None else turn_list[0].message,
         init_config=body.init_config,
         checklist=[CatalogCheck(item=c.item, check=c.check, kind=c.kind) for c in body.checklist],
-        reference_solution=None if body.reference_solution is None else [
-            ToolCall(name=c.name, arguments=c.arguments) for c in body.reference_solution
+        reference_solution=None if solution is None else [
+            ToolCall(name=c.name, arguments=c.arguments) for c in solution
         ],
         split=body.split,
         tags=tuple(body.tags),
+        turns=turn_list,
     )
     check_label(body.label)
     return _scenario_detail(await reg.add_scenario(scenario, who.tenant, body.label))
@@ -248,9 +260,18 @@ async def delete_scenario(scenario_id: str, who: Principal = Admin, reg: Registr
 
 
 # -- sessions -------------------------------------------------------------------------------
-def created_body(created: Created) -> dict[str, Any]:
+def created_body(created: Created, turn: int = 0) -> dict[str, Any]:
+    """The answer to a create or fork; ``turn``: the turn a turn-based session is in (a fork's may be later)."""
     meta = created.meta
     conversation = meta.mode == "conversation"
+    scenario = created.scenario
+    if scenario is not None and scenario.turns:
+        view = turns.view_at(created.env, scenario, turn)
+        return schemas.SessionCreated(
+            session_id=meta.session_id, session_ids=[m.session_id for m in created.metas], env_id=created.env.env_id,
+            scenario_id=meta.scenario_id, mode="task", task=scenario.task, user_message=view["user_message"],
+            introduction=created.env.introduction, rules=created.env.rules, tools=view["tools"],
+            turn=view["turn"], turns=view["turns"]).model_dump(mode="json", exclude_unset=True)
     return schemas.SessionCreated(
         session_id=meta.session_id,
         session_ids=[m.session_id for m in created.metas],
@@ -321,6 +342,13 @@ def _create_fingerprint(body: schemas.SessionCreate, raw: bytes) -> Any:
     return ["body sha256", hashlib.sha256(raw).hexdigest()]
 
 
+async def _turn_of(engine: Sessions, created: Created) -> int:
+    """The turn a new session (a fork's may be past the first) is in; 0 for any other."""
+    if created.scenario is None or not created.scenario.turns or created.meta.step == 0:
+        return 0
+    return await engine.turns.ended(Snapshot(created.meta, "", "", 0.0))
+
+
 def _info(snap: Snapshot) -> schemas.SessionInfo:
     meta = snap.meta
     return schemas.SessionInfo(session_id=meta.session_id, env_id=meta.env_id, scenario_id=meta.scenario_id,
@@ -346,8 +374,33 @@ async def get_session(session_id: str, who: Principal = Run,
 
 @router.get("/v1/sessions/{session_id}/tools", response_model=schemas.ToolList, tags=["sessions"])
 async def get_tools(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.ToolList:
-    env = await engine.environment_of(await engine.snapshot(session_id, tenant=who.tenant))
-    return schemas.ToolList(tools=env.tools)
+    snap = await engine.snapshot(session_id, tenant=who.tenant, blobs=False)
+    env = await engine.environment_of(snap)
+    return schemas.ToolList(tools=await engine.turns.tools(snap, env))
+
+
+@router.get("/v1/sessions/{session_id}/turns", response_model=schemas.TurnView, tags=["sessions"],
+            responses={409: PROBLEMS[409]})
+async def get_turn(session_id: str, who: Principal = Run, engine: Sessions = Depends(sessions)) -> schemas.TurnView:
+    """Turn-based scenarios: the turn in progress, its user message and its tools (409 `not-turn-based` otherwise)."""
+    snap = await engine.snapshot(session_id, tenant=who.tenant, blobs=False)
+    view = await engine.turns.view(snap, await engine.environment_of(snap))
+    if view is None:
+        raise turns.not_turn_based(session_id)
+    return schemas.TurnView.model_validate(view)
+
+
+@router.post("/v1/sessions/{session_id}/turns", response_model=schemas.TurnResult, tags=["sessions"])
+async def end_turn(session_id: str, response: Response, body: schemas.TurnEnd | None = None,
+                   key: str | None = IdempotencyKey, who: Principal = Run,
+                   engine: Sessions = Depends(sessions)) -> schemas.TurnResult:
+    """Turn-based scenarios: end the turn in progress. Its checks run on the state and the turn's responses (see
+    POST /score); the answer is the next user message and the tools that arrive with it, or done after the last
+    turn. 409 `turns-ended` once every turn has ended, `not-turn-based` for a session without turns."""
+    answer, replayed = await engine.turns.end(session_id, body.content if body else None, key=key, tenant=who.tenant)
+    if replayed:
+        response.headers[idempotency.REPLAYED] = "true"
+    return schemas.TurnResult.model_validate(answer)
 
 
 def _replayed(applied: Applied, response: Response) -> dict[str, Any]:
@@ -392,7 +445,8 @@ async def get_trajectory(session_id: str, offset: int = Query(default=0, ge=0),
     return schemas.Trajectory.model_validate({"steps": steps, "total": total, "offset": offset})
 
 
-@router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"])
+@router.post("/v1/sessions/{session_id}/score", response_model=schemas.Score, tags=["sessions"],
+             response_model_exclude_unset=True)
 async def score_session(session_id: str, scenario: str | None = Query(default=None, max_length=200, description=(
                             "Score with the checks of this version of the session's own scenario instead of the "
                             "one it started on: its id for the latest, or scenario_id@<label or digest prefix> "
@@ -411,8 +465,8 @@ async def fork_session(session_id: str, request: Request, response: Response,
     seed, group_seeds = (body.seed, body.group_seeds) if body else (None, "derived")
 
     async def run() -> dict[str, Any]:
-        return created_body(await engine.fork(session_id, n=n, step=step, tenant=who.tenant, seed=seed,
-                                              group_seeds=group_seeds))
+        created = await engine.fork(session_id, n=n, step=step, tenant=who.tenant, seed=seed, group_seeds=group_seeds)
+        return created_body(created, await _turn_of(engine, created))
 
     asked = {"session_id": session_id, "n": n, **({"step": step} if step is not None else {}),
              **({"seed": seed, "group_seeds": group_seeds} if seed is not None else {})}

@@ -38,14 +38,24 @@ from service.catalog import (
     Catalog,
     CatalogError,
     CheckItem,
+    Environment,
     Scenario,
     ToolCall,
+    Turn,
     build_environment,
     write_package,
 )
 from service.envscaler import ImportReport
 
-CATEGORIES = ("multi_turn_base", "multi_turn_long_context")
+CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
+# Categories also written all at once (every turn in the task, checks on the final state), as a split
+# of their own: miss_func and miss_param make sense only turn by turn.
+ALL_AT_ONCE = ("multi_turn_base", "multi_turn_long_context")
+ALL_AT_ONCE_SUFFIX = "_all_at_once"
+_PROMPTS = "constants/default_prompts.py"
+# What BFCL's inference says in a turn that only brings functions (its question is empty), when
+# bfcl-eval's own constant cannot be read.
+ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 _SOURCE_DIR = "eval_checker/multi_turn_eval/func_source_code"
 _CONSTANTS = "constants/executable_backend_config.py"
 # BFCL's own spellings of JSON Schema types.
@@ -92,11 +102,17 @@ _RESPONSE_CHECK = '''
 
 def check_func(final_state):
     remaining = list(final_state.get("execution_results", []))
-    for result in _replay()[1]:
+    for result in _replay()[1][{start}:]:
         if result not in remaining:
             return False
         remaining.remove(result)
     return True
+'''
+
+# BFCL fails a turn whose ground truth has calls when the model made none in it.
+_ANSWERED_CHECK = '''
+def check_func(final_state):
+    return len(turn_responses["calls"]) > 0
 '''
 
 
@@ -279,6 +295,8 @@ class _Combination:
                 if doc.get("name") in self.owner and self.owner[doc["name"]] == name:
                     self.docs[doc["name"]] = doc
         self.tools = [t for t in self.owner if t not in self.excluded]
+        # (tool, parameter) -> the JSON types it accepts beyond BFCL's doc, where a ground truth needs them
+        self.widened: dict[tuple[str, str], list[str]] = {}
         suffix = f"_without_{'-'.join(self.excluded)}" if self.excluded else ""
         self.env_id = "bfcl_" + "-".join(classes) + suffix
         self.class_name = "BfclMultiTurn"
@@ -368,9 +386,40 @@ def _overrides(combo: _Combination) -> dict[str, dict[str, Any]]:
     for tool in combo.tools:
         doc = combo.docs.get(tool)
         if doc:
-            out[tool] = {"description": str(doc.get("description", "")),
-                         "parameters": _schema(doc.get("parameters") or {"type": "dict", "properties": {}})}
+            parameters = _schema(doc.get("parameters") or {"type": "dict", "properties": {}})
+            for (name, param), types in combo.widened.items():
+                if name == tool and isinstance(parameters.get("properties", {}).get(param), dict):
+                    parameters["properties"][param]["type"] = types
+            out[tool] = {"description": str(doc.get("description", "")), "parameters": parameters}
     return out
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"))
+
+
+def _widen(combo: _Combination, calls: list[ToolCall]) -> list[str]:
+    """Let a parameter take the type a ground-truth call gives it where BFCL's doc says another (BFCL runs
+    the call as it is; the service checks every call against the schema, so it could never replay it).
+    Returns what was widened, for the report."""
+    overrides = _overrides(combo)
+    notes = []
+    for call in calls:
+        properties = (overrides.get(call.name, {}).get("parameters") or {}).get("properties") or {}
+        for param, value in call.arguments.items():
+            schema = properties.get(param)
+            if not isinstance(schema, dict) or "type" not in schema:
+                continue
+            if ArgumentChecker({"type": "object", "properties": {param: schema}}).problem({param: value}) is None:
+                continue
+            kind = next((name for cls, name in _JSON_TYPES if isinstance(value, cls)), None)
+            declared = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if kind is None or kind in declared:
+                continue
+            combo.widened[(call.name, param)] = [*declared, kind]
+            notes.append(f"{combo.env_id}: {call.name}({param}) also takes {kind}: the ground truth passes "
+                         f"{value!r} where BFCL's doc says {' or '.join(declared)}")
+    return notes
 
 
 def _task(entry: dict[str, Any]) -> str:
@@ -381,14 +430,70 @@ def _task(entry: dict[str, Any]) -> str:
     return "\n\n".join(turns)
 
 
-def _checks(combo: _Combination, calls: list[ToolCall]) -> list[CheckItem]:
+def _checks(combo: _Combination, calls: list[ToolCall], start: int = 0) -> list[CheckItem]:
+    """BFCL's state checker for each class and its response checker, after ``calls`` (the ground truth
+    so far); the response checker asks for the results of ``calls[start:]`` (this turn's)."""
     resolved = [(combo.owner[c.name], c.name, c.arguments) for c in calls]
     replay = _REPLAY.format(classes=combo.classes, calls=resolved)
     checks = [CheckItem(item=f"{api}'s state equals the ground truth's (BFCL's state checker)",
                         check=replay + _STATE_CHECK.format(api=api)) for api in combo.classes]
     checks.append(CheckItem(item="Every ground-truth result appears among the calls' results (BFCL's response "
-                                 "checker)", check=replay + _RESPONSE_CHECK))
+                                 "checker)", check=replay + _RESPONSE_CHECK.format(start=start)))
     return checks
+
+
+def _arrivals(entry: dict[str, Any], ground_truth: list[list[ToolCall]]) -> tuple[dict[str, int], list[str]]:
+    """The turn each function BFCL withholds arrives at, and notes where that is earlier than BFCL's:
+    a ground truth that calls it before its turn (miss_func 49 calls ``tail`` in turn 1 and lists it as
+    missing until turn 3; BFCL's executor runs it all the same) gets it from the turn that calls it, or
+    its own reference solution would be an unknown tool."""
+    arrival = {str(name): int(turn) for turn, names in (entry.get("missed_function") or {}).items()
+               for name in names or []}
+    notes = []
+    for index, calls in enumerate(ground_truth):
+        for call in calls:
+            if arrival.get(call.name, -1) > index:
+                notes.append(f"{call.name} arrives in turn {index}, where the ground truth calls it, not in turn "
+                             f"{arrival[call.name]} as BFCL withholds it")
+                arrival[call.name] = index
+    return arrival, notes
+
+
+def _turns(combo: _Combination, entry: dict[str, Any], ground_truth: list[list[ToolCall]],
+           added_prompt: str, arrival: dict[str, int]) -> tuple[Turn, ...]:
+    """BFCL's protocol: one turn per question, the functions it withholds arriving at their turn, and
+    after each turn whose ground truth has calls, BFCL's checks: the model called something in it, each
+    class's state equals the ground truth's so far, and this turn's ground-truth results appear among
+    the model's results so far. A turn whose ground truth is empty (the function or a parameter is
+    missing, so the model should ask or stop) is not checked, as in BFCL."""
+    turns = []
+    done: list[ToolCall] = []
+    for index, question in enumerate(entry.get("question") or []):
+        message = _message(question) or added_prompt
+        calls = ground_truth[index] if index < len(ground_truth) else []
+        checks: list[CheckItem] = []
+        if calls:
+            checks = [CheckItem(item="The model called a function in this turn (BFCL fails an empty turn)",
+                                check=_ANSWERED_CHECK),
+                      *_checks(combo, done + calls, start=len(done))]
+        done += calls
+        tools = tuple(name for name, turn in arrival.items() if turn == index)
+        turns.append(Turn(message=message, tools=tools, checklist=tuple(checks), reference_solution=tuple(calls)))
+    return tuple(turns)
+
+
+def _message(question: Any) -> str:
+    if not isinstance(question, list):
+        return ""
+    return "\n".join(str(m.get("content", "")) for m in question if isinstance(m, dict) and m.get("role") == "user")
+
+
+def _added_prompt(package: Path) -> str:
+    try:
+        value = _literal_assignments(package / _PROMPTS).get("DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC")
+    except (OSError, SyntaxError, ValueError):
+        return ADDED_FUNCTIONS_PROMPT
+    return value if isinstance(value, str) and value else ADDED_FUNCTIONS_PROMPT
 
 
 def _schema_mismatch(combo: _Combination, calls: list[ToolCall]) -> str | None:
@@ -401,8 +506,22 @@ def _schema_mismatch(combo: _Combination, calls: list[ToolCall]) -> str | None:
     return None
 
 
-def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES) -> ImportReport:
+def _environment(combo: _Combination, backend: _Backend, sources: dict[str, _Source], long_context: _Source,
+                 pinned: dict[str, str], needs: list[str]) -> Environment:
+    return build_environment(
+        env_id=combo.env_id, class_name=combo.class_name, code=environment_code(combo, backend, sources, long_context),
+        summary=f"BFCL multi-turn with {', '.join(combo.classes)}",
+        introduction=f"BFCL multi-turn environment: the tools of {', '.join(combo.classes)}, as bfcl-eval defines them.",
+        tool_overrides=_overrides(combo), requirements=[pinned.get(n, n) for n in needs])
+
+
+def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, ...] = CATEGORIES, *,
+                widen: bool = True) -> ImportReport:
     """Write the multi-turn ``categories`` of bfcl-eval (installed, or at ``package``) as packages under ``out``.
+
+    A ground truth that gives a parameter another type than BFCL's doc says (entry 173 of each category
+    closes ticket 'ticket_001' where the doc says an integer) widens that parameter of its environment
+    to take both, named in the report's notes; with ``widen`` false such an entry is skipped instead.
 
     An environment whose classes import packages outside the standard library (MathAPI imports
     mpmath) declares them as ``requirements``, at the versions bfcl-eval itself requires when its
@@ -413,8 +532,7 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
     """
     for category in categories:
         if category not in CATEGORIES:
-            raise CatalogError(f"category {category!r} is not importable: choose from {', '.join(CATEGORIES)} "
-                               "(miss_func adds tools mid-episode, miss_param needs turn-by-turn replies)")
+            raise CatalogError(f"category {category!r} is not importable: choose from {', '.join(CATEGORIES)}")
     package = Path(package) if package is not None else find_package()
     backend = _backend(package)
     source_dir = package / _SOURCE_DIR
@@ -427,6 +545,7 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
     report = ImportReport()
     catalog = Catalog()
     pinned = _required_versions(package)
+    added_prompt = _added_prompt(package)
     combos: dict[str, _Combination] = {}
     for category in categories:
         answers = {row.get("id"): row.get("ground_truth") for row in
@@ -444,33 +563,42 @@ def import_bfcl(out: Path, package: Path | None = None, categories: tuple[str, .
             if key not in combos:
                 combos[key] = _Combination(package, backend, classes, excluded, sources)
                 combo = combos[key]
-                catalog.add_environment(build_environment(
-                    env_id=combo.env_id, class_name=combo.class_name,
-                    code=environment_code(combo, backend, sources, long_context),
-                    summary=f"BFCL multi-turn with {', '.join(classes)}",
-                    introduction=f"BFCL multi-turn environment: the tools of {', '.join(classes)}, as bfcl-eval "
-                                 "defines them.",
-                    tool_overrides=_overrides(combo), requirements=[pinned.get(n, n) for n in needs]))
+                catalog.add_environment(_environment(combo, backend, sources, long_context, pinned, needs))
             combo = combos[key]
             try:
-                calls = [combo.call(text) for turn in answers.get(entry.get("id")) or [] for text in turn]
+                ground_truth = [[combo.call(text) for text in turn] for turn in answers.get(entry.get("id")) or []]
             except (ValueError, SyntaxError, KeyError) as exc:
                 report.skipped.append(f"{entry_id}: ground truth not readable: {exc}")
                 continue
+            calls = [call for turn in ground_truth for call in turn]
             if not calls:
                 report.skipped.append(f"{entry_id}: no ground truth in possible_answer")
                 continue
+            if _schema_mismatch(combo, calls) and widen:
+                notes = _widen(combo, calls)
+                if notes:  # the environment again, with the parameter widened
+                    report.notes += [f"{entry_id}: {note}" for note in notes]
+                    catalog.environments[combo.env_id] = _environment(combo, backend, sources, long_context,
+                                                                      pinned, needs)
             mismatch = _schema_mismatch(combo, calls)
             if mismatch:  # the service checks every call against the tool's schema, so it could never replay
                 report.skipped.append(f"{entry_id}: its ground truth does not match BFCL's own schema: {mismatch}")
                 continue
+            init_config = {"_initial_config": entry.get("initial_config") or {},
+                           "_long_context": category == "multi_turn_long_context"}
+            scenario_id = f"bfcl-{entry_id.replace('_', '-')}"
+            arrival, notes = _arrivals(entry, ground_truth)
+            report.notes += [f"{entry_id}: {note}" for note in notes]
+            turns = _turns(combo, entry, ground_truth, added_prompt, arrival)
+            # BFCL has no train/test: its category is the set a run evaluates on.
             catalog.add_scenario(Scenario(
-                scenario_id=f"bfcl-{entry_id.replace('_', '-')}", env_id=combo.env_id, task=_task(entry),
-                init_config={"_initial_config": entry.get("initial_config") or {},
-                             "_long_context": category == "multi_turn_long_context"},
-                checklist=_checks(combo, calls), reference_solution=calls,
-                # BFCL has no train/test: its category is the set a run evaluates on.
-                split=category, tags=("bfcl",)))
+                scenario_id=scenario_id, env_id=combo.env_id, task=turns[0].message, init_config=init_config,
+                reference_solution=calls, split=category, tags=("bfcl",), turns=turns))
+            if category in ALL_AT_ONCE:
+                catalog.add_scenario(Scenario(
+                    scenario_id=f"{scenario_id}-all-at-once", env_id=combo.env_id, task=_task(entry),
+                    init_config=init_config, checklist=_checks(combo, calls), reference_solution=calls,
+                    split=category + ALL_AT_ONCE_SUFFIX, tags=("bfcl",)))
     for env in catalog.environments.values():
         if catalog.scenarios_of(env.env_id):  # every entry of a combination may have been skipped
             write_package(env, catalog.scenarios_of(env.env_id), Path(out))

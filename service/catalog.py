@@ -93,6 +93,34 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One user turn of a turn-based scenario (see ``service.turns``): its message, the tools that
+    become available from it on, the checks run when the agent ends it, and its part of the
+    reference solution."""
+
+    message: str
+    tools: tuple[str, ...] = ()
+    checklist: tuple[CheckItem, ...] = ()
+    reference_solution: tuple[ToolCall, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"message": self.message}
+        if self.tools:
+            data["tools"] = list(self.tools)
+        data["checklist"] = [_check_json(c) for c in self.checklist]
+        if self.reference_solution is not None:
+            data["reference_solution"] = [{"name": c.name, "arguments": c.arguments} for c in self.reference_solution]
+        return data
+
+
+MAX_TURNS = 100
+
+
+def _check_json(c: CheckItem) -> dict[str, Any]:
+    return {"item": c.item, "check": c.check, **({"kind": c.kind} if c.kind else {})}
+
+
 @dataclass
 class Scenario:
     scenario_id: str
@@ -106,6 +134,8 @@ class Scenario:
     unchanged_is_correct: bool = False
     split: str | None = None
     tags: tuple[str, ...] = ()
+    # A turn-based scenario's user turns, in order (none: the task is given at once).
+    turns: tuple[Turn, ...] = ()
     label: str = ""  # a name its adder gave this version (not part of the content)
     added_at: float = 0.0  # when this version was added over the API (0: a loaded catalog's)
 
@@ -114,7 +144,8 @@ class Scenario:
         """The digest of what the scenario is: its environment, initial state, task, checks and
         reference solution (labels such as ``split`` and ``tags`` are not part of it)."""
         data = self.to_json()
-        return content_digest({k: data.get(k) for k in VERSIONED_FIELDS})
+        fields = VERSIONED_FIELDS + (TURN_FIELDS if self.turns else ())
+        return content_digest({k: data.get(k) for k in fields})
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -136,51 +167,29 @@ class Scenario:
             data["split"] = self.split
         if self.tags:
             data["tags"] = list(self.tags)
+        if self.turns:
+            data["turns"] = [t.to_json() for t in self.turns]
         return data
 
     @classmethod
     def from_json(cls, data: Any, *, where: str = "scenario") -> Scenario:
         if not isinstance(data, dict):
             raise CatalogError(f"{where} must be a JSON object", path=where)
+        if "task" not in data and isinstance(data.get("turns"), list) and data["turns"]:
+            # A turn-based scenario's task is its first turn's message unless it says otherwise.
+            first = data["turns"][0]
+            data = {**data, "task": first.get("message", "") if isinstance(first, dict) else ""}
         for key in ("env_id", "task", "init_config"):
             if key not in data:
                 raise CatalogError(f"{where} lacks '{key}'", field=key, path=where)
         if not isinstance(data["init_config"], dict):
             raise CatalogError(f"{where}: init_config must be an object", field="init_config", path=where)
-        checklist = []
-        for i, entry in enumerate(data.get("checklist") or []):
-            if not isinstance(entry, dict) or not isinstance(entry.get("check"), str):
-                raise CatalogError(
-                    f"{where}: checklist[{i}] must be {{item, check}}", field=f"checklist[{i}]", path=where
-                )
-            kind = entry.get("kind")
-            if kind is not None and kind not in CHECK_KINDS:
-                raise CatalogError(f"{where}: checklist[{i}].kind must be 'change' or 'keep'",
-                                   field=f"checklist[{i}].kind", path=where)
-            checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"], kind=kind))
-        solution = None
-        if data.get("reference_solution") is not None:
-            if not isinstance(data["reference_solution"], list):
-                raise CatalogError(f"{where}: reference_solution must be a list", field="reference_solution", path=where)
-            solution = []
-            for i, call in enumerate(data["reference_solution"]):
-                if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                    raise CatalogError(
-                        f"{where}: reference_solution[{i}] must be {{name, arguments}}",
-                        field=f"reference_solution[{i}]",
-                        path=where,
-                    )
-                arguments = call.get("arguments") or {}
-                if isinstance(arguments, str):
-                    try:
-                        arguments = json.loads(arguments)
-                    except json.JSONDecodeError as exc:
-                        raise CatalogError(f"{where}: reference_solution[{i}].arguments is not JSON: {exc}",
-                                           field=f"reference_solution[{i}]", path=where) from exc
-                if not isinstance(arguments, dict):
-                    raise CatalogError(f"{where}: reference_solution[{i}].arguments must be an object",
-                                       field=f"reference_solution[{i}]", path=where)
-                solution.append(ToolCall(name=call["name"], arguments=arguments))
+        checklist = _checklist(data.get("checklist"), where, "checklist")
+        solution = _solution(data.get("reference_solution"), where, "reference_solution")
+        turns = _turns(data.get("turns"), where)
+        if turns and any(t.reference_solution is not None for t in turns):
+            # The whole episode's solution is its turns' in order (what a replay of the calls alone runs).
+            solution = [call for t in turns for call in t.reference_solution or ()]
         split, tags = check_labels(data.get("split"), data.get("tags"), where)
         # Without an id, derive one from the content: every replica and restart must agree on it.
         scenario_id = data.get("scenario_id") or content_scenario_id(data)
@@ -194,7 +203,76 @@ class Scenario:
             unchanged_is_correct=data.get("unchanged_is_correct") is True,
             split=split,
             tags=tags,
+            turns=turns,
         )
+
+
+def _checklist(value: Any, where: str, name: str) -> list[CheckItem]:
+    checklist = []
+    if value is not None and not isinstance(value, list):
+        raise CatalogError(f"{where}: {name} must be a list", field=name, path=where)
+    for i, entry in enumerate(value or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("check"), str):
+            raise CatalogError(f"{where}: {name}[{i}] must be {{item, check}}", field=f"{name}[{i}]", path=where)
+        kind = entry.get("kind")
+        if kind is not None and kind not in CHECK_KINDS:
+            raise CatalogError(f"{where}: {name}[{i}].kind must be 'change' or 'keep'",
+                               field=f"{name}[{i}].kind", path=where)
+        checklist.append(CheckItem(item=str(entry.get("item", "")), check=entry["check"], kind=kind))
+    return checklist
+
+
+def _solution(value: Any, where: str, name: str) -> list[ToolCall] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CatalogError(f"{where}: {name} must be a list", field=name, path=where)
+    solution = []
+    for i, call in enumerate(value):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise CatalogError(f"{where}: {name}[{i}] must be {{name, arguments}}", field=f"{name}[{i}]", path=where)
+        arguments = call.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                raise CatalogError(f"{where}: {name}[{i}].arguments is not JSON: {exc}",
+                                   field=f"{name}[{i}]", path=where) from exc
+        if not isinstance(arguments, dict):
+            raise CatalogError(f"{where}: {name}[{i}].arguments must be an object", field=f"{name}[{i}]", path=where)
+        solution.append(ToolCall(name=call["name"], arguments=arguments))
+    return solution
+
+
+def _turns(value: Any, where: str) -> tuple[Turn, ...]:
+    """A scenario's ``turns``, validated; each problem names its field (``turns[2].tools[0]``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise CatalogError(f"{where}: turns must be a list", field="turns", path=where)
+    if len(value) > MAX_TURNS:
+        raise CatalogError(f"{where}: at most {MAX_TURNS} turns, got {len(value)}", field="turns", path=where)
+    turns = []
+    for i, entry in enumerate(value):
+        name = f"turns[{i}]"
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{where}: {name} must be an object", field=name, path=where)
+        message = entry.get("message", "")
+        if not isinstance(message, str):
+            raise CatalogError(f"{where}: {name}.message must be a string", field=f"{name}.message", path=where)
+        tools = entry.get("tools") or []
+        if not isinstance(tools, list):
+            raise CatalogError(f"{where}: {name}.tools must be a list of tool names", field=f"{name}.tools",
+                               path=where)
+        for j, tool in enumerate(tools):
+            if not isinstance(tool, str):
+                raise CatalogError(f"{where}: {name}.tools[{j}] must be a tool name", field=f"{name}.tools[{j}]",
+                                   path=where)
+        solution = _solution(entry.get("reference_solution"), where, f"{name}.reference_solution")
+        turns.append(Turn(message=message, tools=tuple(tools),
+                          checklist=tuple(_checklist(entry.get("checklist"), where, f"{name}.checklist")),
+                          reference_solution=None if solution is None else tuple(solution)))
+    return tuple(turns)
 
 
 @dataclass
@@ -262,6 +340,8 @@ class Environment:
 
 
 VERSIONED_FIELDS = ("env_id", "task", "init_config", "checklist", "reference_solution", "unchanged_is_correct")
+# A turn-based scenario's turns are part of what it is too; a scenario without them keeps the digest it had.
+TURN_FIELDS = ("turns",)
 
 
 def content_digest(data: Any) -> str:
@@ -326,6 +406,22 @@ def build_environment(
         requirements=list(requirements or []),
         imports=third_party_imports(code),
     )
+
+
+def check_turns(scenario: Scenario, env: Environment) -> None:
+    """Raises CatalogError naming the field: a turn's check does not parse, or it names a tool the
+    environment does not have."""
+    if scenario.turns and scenario.checklist:
+        raise CatalogError("checklist: a turn-based scenario's checks belong to its turns (turns[i].checklist)",
+                           field="checklist")
+    names = env.tool_names
+    for i, turn in enumerate(scenario.turns):
+        for j, check in enumerate(turn.checklist):
+            parse_check(check.check, field_name=f"turns[{i}].checklist[{j}].check")
+        for j, tool in enumerate(turn.tools):
+            if tool not in names:
+                raise CatalogError(f"turns[{i}].tools[{j}]: '{tool}' is not a tool of '{env.env_id}'",
+                                   field=f"turns[{i}].tools[{j}]")
 
 
 def refuse_outside_state(code: str) -> None:
@@ -407,6 +503,7 @@ class Catalog:
             raise CatalogError(f"unknown environment '{scenario.env_id}'", field="env_id")
         for i, check in enumerate(scenario.checklist):
             parse_check(check.check, field_name=f"checklist[{i}].check")
+        check_turns(scenario, self.environments[scenario.env_id])
         existing = self.scenarios.get(scenario.scenario_id)
         if existing is not None:
             if existing.to_json() != scenario.to_json():

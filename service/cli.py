@@ -175,6 +175,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def _print_import(report: ImportReport, out: str) -> int:
     for reason in report.skipped:
         print(f"SKIPPED {reason}")
+    for note in report.notes:
+        print(f"NOTE {note}")
     print(f"wrote {report.environments} environments and {report.scenarios} scenarios to {out}")
     return 0
 
@@ -260,8 +262,10 @@ def parser() -> argparse.ArgumentParser:
     bfcl = catalog.add_parser("import-bfcl", help="convert the installed bfcl-eval's multi-turn categories into packages")
     bfcl.add_argument("--out", required=True, metavar="DIR")
     bfcl.add_argument("--source", metavar="DIR", help="a bfcl_eval package folder (default: the installed one)")
-    bfcl.add_argument("--category", action="append", choices=["multi_turn_base", "multi_turn_long_context"],
-                      help="repeatable; default: both")
+    bfcl.add_argument("--category", action="append", choices=["multi_turn_base", "multi_turn_long_context",
+                                                              "multi_turn_miss_func", "multi_turn_miss_param"],
+                      help="repeatable; default: all four (base and long_context also all at once, as a split "
+                           "'<category>_all_at_once')")
     bfcl.set_defaults(run=cmd_import_bfcl)
 
     exp = catalog.add_parser("export-envscaler", help="write packages back as EnvScaler's JSON shapes")

@@ -56,6 +56,7 @@ class ImportReport:
     environments: int = 0
     scenarios: int = 0
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was imported otherwise than the source has it
 
 
 class _SkipItem(Exception):

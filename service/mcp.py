@@ -28,13 +28,17 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
+import anyio.lowlevel
 import mcp_types as types
 from fastapi import FastAPI
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ServerEvent, ToolsListChanged
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -122,10 +126,47 @@ def _session_id(ctx: Any) -> str:
 async def _list_session_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     engine = _engine(ctx)
     try:
-        env = await engine.environment_of(await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx)))
+        snap = await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx), blobs=False)
+        env = await engine.environment_of(snap)
+        tools = [_mcp_tool(t["function"]) for t in await engine.turns.tools(snap, env)]
+        if await engine.turns.scenario(snap) is not None and env.tool(END_TURN) is None:
+            tools.append(_END_TURN_TOOL)  # (an environment's own tool of that name wins)
     except ServiceError as exc:
         raise service_error(exc) from exc
-    return types.ListToolsResult(tools=[_mcp_tool(t["function"]) for t in env.tools])
+    return types.ListToolsResult(tools=tools)
+
+
+# A turn-based session's MCP server offers one tool more: the agent ends its turn with it, and its
+# answer is the next user message (the tools that arrive with it are then in tools/list).
+END_TURN = "end_turn"
+_END_TURN_TOOL = types.Tool(
+    name=END_TURN, description="End your turn: you have done what the user asked in this turn (or cannot). The "
+    "answer is the user's next message and the tools that become available with it, or that every turn has ended.",
+    input_schema={"type": "object", "properties": {"content": {
+        "type": "string", "description": "Your closing message to the user for this turn, if any."}},
+        "additionalProperties": False})
+
+
+async def _end_turn(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | None:
+    """``end_turn`` on a turn-based session (None: not one, or its environment has a tool of that name)."""
+    engine = _engine(ctx)
+    snap = await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx), blobs=False)
+    if await engine.turns.scenario(snap) is None or (await engine.environment_of(snap)).tool(END_TURN) is not None:
+        return None
+    content = (params.arguments or {}).get("content")
+    if content is not None and not isinstance(content, str):
+        raise InvalidRequest("end_turn: content must be a string", field="content")
+    answer, replayed = await engine.turns.end(_session_id(ctx), content, key=idempotency_key(params, ctx.request),
+                                              tenant=_tenant(ctx))
+    return _turn_result(answer, replayed)
+
+
+def _turn_result(answer: dict[str, Any], replayed: bool = False) -> types.CallToolResult:
+    text = "Every turn has ended." if answer["done"] else str(answer["user_message"])
+    result = types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=answer)
+    if replayed:
+        result.meta = {REPLAYED_META: True}
+    return result
 
 
 def _mcp_tool(function: dict[str, Any]) -> types.Tool:
@@ -135,6 +176,10 @@ def _mcp_tool(function: dict[str, Any]) -> types.Tool:
 
 async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     try:
+        if params.name == END_TURN:
+            ended = await _end_turn(ctx, params)
+            if ended is not None:
+                return ended
         key = idempotency_key(params, ctx.request)
         applied = await calls.run(_engine(ctx), calls.ToolCall(_session_id(ctx), params.name, params.arguments or {},
                                                                key, _tenant(ctx)))
@@ -143,10 +188,56 @@ async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> t
     return call_result(applied)
 
 
-def session_server() -> Server[Any]:
+# Which session a ``subscriptions/listen`` stream is opened for, while the SDK's handler subscribes it.
+_LISTENING: ContextVar[str] = ContextVar("envfoundry_mcp_listening")
+
+
+class SessionEvents:
+    """The SDK's subscription bus, per session: a listen stream opened on a session's endpoint hears that
+    its tools changed (a turn that brought tools ended), in this replica. A stream on another replica
+    hears nothing (the endpoint keeps no state between requests); ``tools/list`` is right on every one."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, dict[object, Callable[[ServerEvent], None]]] = {}
+
+    async def publish(self, event: ServerEvent) -> None:
+        await anyio.lowlevel.checkpoint()  # (nothing is published to every session at once)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        session_id, token = _LISTENING.get(), object()
+        self._listeners.setdefault(session_id, {})[token] = listener
+
+        def unsubscribe() -> None:
+            listeners = self._listeners.get(session_id, {})
+            listeners.pop(token, None)
+            if not listeners:
+                self._listeners.pop(session_id, None)
+
+        return unsubscribe
+
+    def tools_changed(self, session_id: str) -> None:
+        for listener in list(self._listeners.get(session_id, {}).values()):
+            listener(ToolsListChanged())
+
+
+def session_server(events: SessionEvents | None = None) -> Server[Any]:
+    listen = ListenHandler(events or SessionEvents())
+
+    async def on_listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+        engine = _engine(ctx)
+        try:  # the session must be the caller's, as for every other request
+            await engine.snapshot(_session_id(ctx), tenant=_tenant(ctx), blobs=False)
+        except ServiceError as exc:
+            raise service_error(exc) from exc
+        token = _LISTENING.set(_session_id(ctx))
+        try:
+            return await listen(ctx, params)
+        finally:
+            _LISTENING.reset(token)
+
     return Server("envfoundry-session", version="1.0.0",
                   instructions="The tools of one envfoundry session; every call changes that session's state.",
-                  on_list_tools=_list_session_tools, on_call_tool=_call_session_tool)
+                  on_list_tools=_list_session_tools, on_call_tool=_call_session_tool, on_subscriptions_listen=on_listen)
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -183,6 +274,12 @@ async def _message(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[
     applied = await engine.message(args["session_id"], args["content"], key=args.get("idempotency_key"),
                                    tenant=tenant)
     return {k: applied.record[k] for k in ("step", "reply", "done")}
+
+
+async def _turn(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
+    answer, _ = await engine.turns.end(args["session_id"], args.get("content"), key=args.get("idempotency_key"),
+                                       tenant=tenant)
+    return answer
 
 
 async def _score(engine: Sessions, args: dict[str, Any], tenant: str) -> dict[str, Any]:
@@ -228,8 +325,16 @@ SERVICE_TOOLS: dict[str, tuple[str, dict[str, Any], Handler]] = {
                                           "idempotency_key": _KEY},
          "required": ["session_id", "content"], "additionalProperties": False},
         _message),
+    "end_turn": (
+        "Turn-based scenarios: end the turn in progress (its checks run then). Answers {step, ended_turn, turn, "
+        "turns, done, user_message, new_tools}: the user's next message and the tools that arrive with it, or done "
+        "after the last turn.",
+        {"type": "object", "properties": {"session_id": _ID, "content": {"type": "string"}, "idempotency_key": _KEY},
+         "required": ["session_id"], "additionalProperties": False},
+        _turn),
     "score_session": (
-        "Score a session against its scenario's checks: {reward, passed, total, checks}. The session goes on.",
+        "Score a session against its scenario's checks: {reward, passed, total, checks}; turn-based, also each "
+        "turn's checks. The session goes on.",
         {"type": "object", "properties": {"session_id": _ID}, "required": ["session_id"],
          "additionalProperties": False},
         _score),
@@ -279,7 +384,7 @@ def _json(value: Any) -> str:
 def service_server() -> Server[Any]:
     return Server("envfoundry", version="1.0.0",
                   instructions="Run whole episodes: list_scenarios, create_session, call_tool (or send_message in "
-                               "conversation mode), score_session.",
+                               "conversation mode; end_turn in a turn-based one), score_session.",
                   on_list_tools=_list_service_tools, on_call_tool=_call_service_tool)
 
 
@@ -349,7 +454,9 @@ async def serving(app: FastAPI, max_body_bytes: int) -> AsyncIterator[None]:
     """Run both MCP managers for the app's lifetime (enter inside the app's lifespan)."""
     _quiet_client_errors()
     async with AsyncExitStack() as stack:
-        for name, server in (("mcp_session", session_server()), ("mcp_service", service_server())):
+        events = SessionEvents()
+        app.state.sessions.turns.tools_changed.append(events.tools_changed)
+        for name, server in (("mcp_session", session_server(events)), ("mcp_service", service_server())):
             manager = StreamableHTTPSessionManager(server, json_response=True, stateless=True,
                                                    max_request_body_size=max_body_bytes)
             await stack.enter_async_context(manager.run())

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service import calls
+from service import calls, turns
 from service.catalog import Environment, Scenario
 from service.problems import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
 from service.scenario_index import ScenarioQuery
@@ -68,11 +68,11 @@ def problem(exc: ServiceError) -> dict[str, Any]:
             **exc.extra}
 
 
-def mcp_tools(env: Environment) -> list[dict[str, Any]]:
-    """The environment's tools in MCP's shape (name, description, inputSchema)."""
+def mcp_tools(env: Environment, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The environment's tools (or ``tools``, those of a turn) in MCP's shape (name, description, inputSchema)."""
     return [{"name": t["function"]["name"], "description": t["function"].get("description") or "",
              "inputSchema": t["function"].get("parameters") or {"type": "object", "properties": {}}}
-            for t in env.tools]
+            for t in (env.tools if tools is None else tools)]
 
 
 @dataclass
@@ -163,7 +163,7 @@ class Episodes:
             created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant,
                                                seed=drawn)
         meta = created.meta
-        observation = self._opening(env, scenario, meta.session_id, mode, meta.opening, step=0)
+        observation = self._opening(env, scenario, meta.session_id, mode, meta.opening, step=0, turn=0)
         observation["seed"] = seed
         return Opened(meta.session_id, {"observation": observation, "reward": None, "done": False})
 
@@ -202,18 +202,25 @@ class Episodes:
         env = await self.engine.environment_of(snap)
         scenario = await self.engine.scenario_of(snap)
         meta = snap.meta
-        observation = self._opening(env, scenario, meta.session_id, meta.mode, meta.opening, step=meta.step)
+        turn = await self.engine.turns.ended(snap) if scenario is not None and scenario.turns else 0
+        observation = self._opening(env, scenario, meta.session_id, meta.mode, meta.opening, step=meta.step,
+                                    turn=turn)
         reward = (await self.engine.score(meta.session_id, tenant=self.tenant))["reward"] if meta.step else None
         return {"observation": observation, "reward": reward, "done": meta.done}
 
     @staticmethod
     def _opening(env: Environment, scenario: Scenario | None, episode_id: str, mode: str, opening: str | None,
-                 step: int) -> dict[str, Any]:
+                 step: int, turn: int = 0) -> dict[str, Any]:
         conversation = mode == "conversation"
-        return {"episode_id": episode_id, "env_id": env.env_id,
-                "scenario_id": scenario.scenario_id if scenario else None, "mode": mode, "step": step,
-                "task": scenario.task if scenario and not conversation else None, "user_message": opening,
-                "introduction": env.introduction, "rules": env.rules, "tool_schemas": env.tools}
+        observation = {"episode_id": episode_id, "env_id": env.env_id,
+                       "scenario_id": scenario.scenario_id if scenario else None, "mode": mode, "step": step,
+                       "task": scenario.task if scenario and not conversation else None, "user_message": opening,
+                       "introduction": env.introduction, "rules": env.rules, "tool_schemas": env.tools}
+        if scenario is not None and scenario.turns:  # a turn-based episode: the turn it is in, and its tools
+            view = turns.view_at(env, scenario, turn)
+            observation.update(user_message=view["user_message"], tool_schemas=view["tools"], turn=view["turn"],
+                               turns=view["turns"])
+        return observation
 
     # -- step and state -----------------------------------------------------------------------
     async def step(self, episode_id: str, action: Any, key: str | None = None) -> dict[str, Any]:
@@ -229,7 +236,15 @@ class Episodes:
         snap = await self.episode(episode_id)
         if kind == "list_tools":
             env = await self.engine.environment_of(snap)
-            return {"observation": {"tools": mcp_tools(env)}, "reward": None, "done": snap.meta.done}
+            return {"observation": {"tools": mcp_tools(env, await self.engine.turns.tools(snap, env))},
+                    "reward": None, "done": snap.meta.done}
+        if kind == "end_turn":
+            content = action.get("content")
+            if content is not None and not isinstance(content, str):
+                raise InvalidRequest("end_turn's content must be a string", field="action.content")
+            answer, replayed = await self.engine.turns.end(episode_id, content, key=key, tenant=self.tenant)
+            return {"observation": {**answer, "replayed": replayed}, "reward": await self._reward(episode_id),
+                    "done": answer["done"]}
         if kind == "call_tool":
             return await self._call(episode_id, action, key, snap.meta.done)
         if kind == "send_message":
@@ -240,7 +255,8 @@ class Episodes:
             record = applied.record
             return {"observation": {"step": record["step"], "reply": record["reply"]},
                     "reward": await self._reward(episode_id), "done": record["done"]}
-        raise InvalidRequest("action.type must be 'call_tool', 'list_tools' or 'send_message'", field="action.type")
+        raise InvalidRequest("action.type must be 'call_tool', 'list_tools', 'send_message' or 'end_turn'",
+                             field="action.type")
 
     async def _call(self, episode_id: str, action: dict[str, Any], key: str | None, done: bool) -> dict[str, Any]:
         name = action.get("tool_name")

@@ -63,7 +63,9 @@ OBSERVATION_SCHEMA = {
     "description": "reset: episode_id, env_id, scenario_id, seed, mode, step, task (or user_message in "
                    "conversation mode), introduction, rules, tool_schemas (OpenAI function schemas). "
                    "call_tool: tool_name, result, error (OpenEnv ToolError or null), ok, step, text. "
-                   "list_tools: tools. send_message: step, reply.",
+                   "list_tools: tools. send_message: step, reply. Turn-based scenarios: reset also turn, turns "
+                   "(user_message is the turn's message, tool_schemas its tools); end_turn: step, ended_turn, "
+                   "turn, turns, done, user_message, new_tools.",
 }
 STATE_SCHEMA = {
     "type": "object",
@@ -117,7 +119,9 @@ async def schema(request: Request, env_id: str, who: Principal = Run) -> dict[st
     others = [{"type": "object", "properties": {"type": {"const": "list_tools"}}, "required": ["type"]},
               {"type": "object", "properties": {"type": {"const": "send_message"},
                                                 "content": {"type": "string", "minLength": 1}},
-               "required": ["type", "content"], "description": "conversation mode: a message to the user"}]
+               "required": ["type", "content"], "description": "conversation mode: a message to the user"},
+              {"type": "object", "properties": {"type": {"const": "end_turn"}, "content": {"type": "string"}},
+               "required": ["type"], "description": "turn-based scenarios: end the turn in progress"}]
     return {"action": {"oneOf": calls + others}, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA,
             "reset_observation": OBSERVATION_SCHEMA}
 

@@ -56,9 +56,11 @@ async def answer(episodes: Episodes, message: Any, bound: str | None = None) -> 
 
 async def _dispatch(episodes: Episodes, method: str, params: dict[str, Any], bound: str | None) -> Any:
     if method == "tools/list":
+        env = await episodes.environment()
         if bound or params.get("session_id"):
-            await episodes.episode(_episode(params, bound))
-        return {"tools": mcp_tools(await episodes.environment())}
+            snap = await episodes.episode(_episode(params, bound))
+            return {"tools": mcp_tools(env, await episodes.engine.turns.tools(snap, env))}  # (a turn's tools)
+        return {"tools": mcp_tools(env)}
     if method == "tools/call":
         return await _call(episodes, params, bound)
     if method == "openenv/session/create":

@@ -120,6 +120,18 @@ class ConversationEnded(ServiceError):
     title = "Conversation ended"
 
 
+class NotTurnBased(ServiceError):
+    status = 409
+    slug = "not-turn-based"
+    title = "Not turn-based"
+
+
+class TurnsEnded(ServiceError):
+    status = 409
+    slug = "turns-ended"
+    title = "Every turn has ended"
+
+
 class UserLLMFailed(ServiceError):
     status = 502
     slug = "user-llm-failed"

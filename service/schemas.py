@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox.answers import ToolError
-from service.catalog import LABEL_PATTERN, MAX_TAGS
+from service.catalog import LABEL_PATTERN, MAX_TAGS, MAX_TURNS
 from service.versions import LABEL_PATTERN as VERSION_LABEL
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -124,6 +124,22 @@ class ToolCallSpec(Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class TurnSpec(Strict):
+    message: str = Field(max_length=64 * 1024, description="The user's message that opens the turn.")
+    tools: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=256, description=(
+        "Tools that become available from this turn on (before it, calling one is an unknown_tool failure). "
+        "Tools no turn names are available from the start."))
+    checklist: list[CheckItem] = Field(default_factory=list, max_length=100, description=(
+        "Checks run when the agent ends the turn, on the state and on the turn's responses: besides "
+        "initial_state, check_func sees the global turn_responses = {turn, calls: [{name, arguments, ok, "
+        "result, error}], message} (the turn's calls, failed ones too, and the agent's closing message)."))
+    reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=1000,
+                                                          description="The turn's part of a solution.")
+
+
+TURNS_MEANING = ("A turn-based scenario's user turns, in order: sessions show the first, the agent ends each with "
+                 "POST /v1/sessions/{id}/turns, and each turn's checks run when it ends. Null: the task is given "
+                 "at once.")
 SPLIT_MEANING = "The benchmark split the scenario belongs to (e.g. 'test', 'train', a BFCL category), if any."
 TAGS_MEANING = "Labels to select scenarios by (e.g. a benchmark and its domain)."
 Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
@@ -154,6 +170,7 @@ class ScenarioDetail(BaseModel):
     reference_solution: list[ToolCallSpec] | None = None
     split: str | None = Field(default=None, description=SPLIT_MEANING)
     tags: list[str] = Field(default_factory=list, description=TAGS_MEANING)
+    turns: list[TurnSpec] | None = Field(default=None, description=TURNS_MEANING)
     version: str = Field(default="", description=SCENARIO_VERSION_MEANING)
     label: str | None = Field(default=None, description="The name its adder gave this version, if any.")
 
@@ -165,12 +182,14 @@ class ScenarioCreate(Strict):
     label: str | None = Field(default=None, pattern=VERSION_LABEL, description=(
         "A name for this version, unique under the id (scenario_id@label names it)."))
     env_id: str = Field(max_length=128)
-    task: str = Field(max_length=MAX_TEXT)
+    task: str | None = Field(default=None, max_length=MAX_TEXT, description=(
+        "The task; required unless turns are given (then it defaults to the first turn's message)."))
     init_config: dict[str, Any] = Field(default_factory=dict)
     checklist: list[CheckItem] = Field(default_factory=list, max_length=MAX_CHECKS)
     reference_solution: list[ToolCallSpec] | None = Field(default=None, max_length=MAX_SOLUTION_CALLS)
     split: Label | None = Field(default=None, description=SPLIT_MEANING)
     tags: list[Label] = Field(default_factory=list, max_length=MAX_TAGS, description=TAGS_MEANING)
+    turns: list[TurnSpec] | None = Field(default=None, min_length=1, max_length=MAX_TURNS, description=TURNS_MEANING)
 
     @field_validator("tags")
     @classmethod
@@ -229,7 +248,10 @@ class SessionCreated(BaseModel):
     user_message: str | None = Field(description="Conversation mode: the simulated user's opening message.")
     introduction: str
     rules: list[str]
-    tools: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(description="The tools available now (in a turn-based episode, this turn's).")
+    turn: int | None = Field(default=None, description="Turn-based scenario: the turn in progress (0: the first); "
+                             "user_message is its message. Null otherwise.")
+    turns: int | None = Field(default=None, description="Turn-based scenario: how many turns it has.")
     env_version: str | None = Field(default=None, description="The environment version the sessions run (its "
                                                               "digest; env_id@<it> names it).")
     scenario_version: str | None = Field(default=None, description="The scenario version they run.")
@@ -278,6 +300,29 @@ class MessageResult(BaseModel):
     step: int
     reply: str = Field(description="The simulated user's answer.")
     done: bool = Field(description="The user ended the conversation (it emitted its stop signal).")
+
+
+class TurnEnd(Strict):
+    content: str | None = Field(default=None, max_length=64 * 1024, description=(
+        "The agent's closing message for the turn, if any (the turn's checks read it as turn_responses.message)."))
+
+
+class TurnView(BaseModel):
+    turn: int | None = Field(description="The turn in progress (0: the first); null once every turn has ended.")
+    turns: int = Field(description="How many turns the scenario has.")
+    done: bool = Field(description="Every turn has ended.")
+    user_message: str | None = Field(description="The user's message of the turn in progress.")
+    tools: list[dict[str, Any]] = Field(description="The tools available in the turn in progress.")
+
+
+class TurnResult(BaseModel):
+    step: int = Field(description="The step that ended the turn.")
+    ended_turn: int = Field(description="The turn that ended.")
+    turn: int | None = Field(description="The turn now in progress; null when that was the last.")
+    turns: int
+    done: bool = Field(description="That was the last turn: score the session.")
+    user_message: str | None = Field(description="The next turn's user message.")
+    new_tools: list[dict[str, Any]] = Field(description="Tools that become available with the next turn.")
 
 
 class ToolList(BaseModel):
@@ -342,23 +387,48 @@ class MessageStep(BaseModel):
     done: bool
 
 
-class Trajectory(BaseModel):
-    steps: list[Annotated[Step | MessageStep, Field(discriminator="kind")]]
-    total: int = Field(description="Steps in the whole trajectory.")
-    offset: int = Field(description="Index of the first step of this page.")
-
-
 class CheckResult(BaseModel):
     item: str
     passed: bool
     error: str | None
 
 
+class TurnStep(BaseModel):
+    step: int
+    kind: Literal["turn"]
+    turn: int = Field(description="The turn this step ended.")
+    content: str | None = Field(description="The agent's closing message, if it sent one.")
+    checks: list[CheckResult] = Field(description="The turn's checks as they ran when it ended.")
+    done: bool = Field(description="It was the last turn.")
+
+
+class Trajectory(BaseModel):
+    steps: list[Annotated[Step | MessageStep | TurnStep, Field(discriminator="kind")]]
+    total: int = Field(description="Steps in the whole trajectory.")
+    offset: int = Field(description="Index of the first step of this page.")
+
+
+class TurnScore(BaseModel):
+    turn: int
+    status: Literal["ended", "in_progress", "not_reached"] = Field(description=(
+        "'ended': its checks as they ran when it ended; 'in_progress': checked on the current state; "
+        "'not_reached': failed."))
+    passed: bool = Field(description="Every check of the turn passed (a turn without checks passes).")
+    checks: list[CheckResult]
+
+
 class Score(BaseModel):
-    reward: float | None = Field(description="passed / total; null when the session has no checks.")
+    reward: float | None = Field(description="passed / total; null when the session has no checks. Turn-based: "
+                                 "under `aggregation`.")
     passed: int
     total: int
     checks: list[CheckResult]
+    aggregation: Literal["all_turns"] | None = Field(default=None, description=(
+        "Turn-based scenarios: how reward is made of the turns. 'all_turns' (BFCL's): 1.0 when every turn "
+        "passed, else 0.0."))
+    turns: list[TurnScore] | None = Field(default=None, description="Turn-based scenarios: each turn's checks.")
+    turns_passed: int | None = Field(default=None, description="Turn-based scenarios: turns whose checks all passed.")
+    partial_credit: float | None = Field(default=None, description="Turn-based scenarios: turns_passed / turns.")
     env_version: str | None = Field(default=None, description="The environment version the session ran.")
     scenario_version: str | None = Field(default=None, description="The scenario version whose checks scored it.")
 

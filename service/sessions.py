@@ -19,7 +19,7 @@ from typing import Any
 from sandbox import deltas, randomness
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.pool import CallOutcome, Stored, WorkerPool
-from service import idempotency, past, rewind, steps
+from service import idempotency, past, rewind, steps, turns
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog import Environment, Scenario
 from service.fairness import FairGate, NoSlot
@@ -136,6 +136,8 @@ class Sessions:
         # One call per session at a time in this replica, whichever way it goes: a call made
         # without the store's lock must not run beside one that read the meta under it.
         self._turns = LocalLocks()
+        # Turn-based scenarios (``service.turns``): which turn a session is in, its tools, its end.
+        self.turns = turns.Turns(self)
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "", seed: int | None = None,
@@ -159,6 +161,7 @@ class Sessions:
         if mode == "conversation" and scenario is None:
             raise InvalidRequest("conversation mode needs a scenario_id: the simulated user holds its task",
                                  field="mode")
+        turns.check_mode(scenario, mode)
         ids = [new_session_id() for _ in range(n)]
         first, streams, seeds = _streams(n, seed, group_seeds)
         async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
@@ -545,6 +548,9 @@ class Sessions:
         if tool is None:
             names = ", ".join(sorted(env.tool_names))
             return arguments, _failed("unknown_tool", f"unknown tool '{name}'; available tools: {names}")
+        withheld = await self.turns.unavailable(snap, env, name)  # a tool that arrives in a later turn
+        if withheld is not None:
+            return arguments, _failed("unknown_tool", withheld)
         problem = self._check_arguments(env, tool, arguments)
         if problem:
             return arguments, _failed("invalid_arguments", f"{name}: {problem}")
@@ -609,6 +615,9 @@ class Sessions:
         snap = await self.snapshot(session_id, tenant=tenant)
         env = await self.environment_of(snap)
         scenario = await self.scenario_of(snap) if against is None else await self._other_version(snap, against)
+        if scenario is not None and scenario.turns:  # (an ended turn keeps the results its checks had then)
+            return {**await self.turns.score(session_id, scenario, tenant), "env_version": env.version,
+                    "scenario_version": scenario.version}
         checklist = scenario.checklist if scenario else []
         budget = self.limits.score_budget
         try:

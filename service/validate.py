@@ -59,6 +59,10 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
         if scenario.reference_solution is None:
             report.problems.append(f"{where}: no reference_solution")
             continue
+        if scenario.turns:
+            await _validate_turns(sessions, scenario, where, report)
+            await _compare_rebuilt(pool, catalog, scenario, where, report)
+            continue
         try:
             created = await sessions.create(scenario.scenario_id, None, None)
             sid = created.meta.session_id
@@ -94,6 +98,42 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
                 report.problems.append(f"{where}: check not passed after the reference solution: {check['item']}{reason}")
         await _compare_rebuilt(pool, catalog, scenario, where, report)
     return report
+
+
+async def _validate_turns(sessions: Sessions, scenario: Scenario, where: str, report: Report) -> None:
+    """A turn-based scenario: each turn's part of the reference solution, then the turn ended, as an agent
+    would; every turn's checks must pass. A turn without a part of the solution is ended with no call.
+    An agent that only ends every turn must not score 1.0 (unless the scenario says so)."""
+    try:
+        idle = (await sessions.create(scenario.scenario_id, None, None)).meta.session_id
+        for _ in scenario.turns:
+            await sessions.turns.end(idle, None)
+        nothing = await sessions.score(idle)
+        await sessions.delete(idle)
+        if nothing["reward"] == 1.0 and scenario.unchanged_is_correct:
+            report.notes.append(f"{where}: an agent that ends every turn without a call scores 1.0, as declared "
+                                "(unchanged_is_correct)")
+        elif nothing["reward"] == 1.0:
+            report.problems.append(f"{where}: an agent that ends every turn without a call scores 1.0")
+        sid = (await sessions.create(scenario.scenario_id, None, None)).meta.session_id
+        for t, turn in enumerate(scenario.turns):
+            for i, call in enumerate(turn.reference_solution or ()):
+                step = (await sessions.call(sid, call.name, call.arguments)).record
+                if not step["ok"]:
+                    report.problems.append(f"{where}: turns[{t}].reference_solution[{i}] {call.name}: "
+                                           f"{step['observation']}")
+            await sessions.turns.end(sid, None)
+        score = await sessions.score(sid)
+        await sessions.delete(sid)
+    except ServiceError as exc:
+        report.problems.append(f"{where}: {exc.detail}")
+        return
+    for turn in score.get("turns") or []:
+        for check in turn["checks"]:
+            if not check["passed"]:
+                reason = f" ({check['error']})" if check["error"] else ""
+                report.problems.append(f"{where}: turns[{turn['turn']}]: check not passed after the reference "
+                                       f"solution: {check['item']}{reason}")
 
 
 async def _compare_rebuilt(pool: WorkerPool, catalog: Catalog, scenario: Scenario, where: str, report: Report) -> None:

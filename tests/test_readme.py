@@ -86,3 +86,20 @@ def test_the_mcp_example_prints_a_tool_answer_and_catches_a_service_error(server
         assert answered.startswith("False {\"success\": true") and "L0003" in answered
         assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
     assert run_python(program, session_id).split() == ["-32002", "urn:envfoundry:problem:not-found"]
+
+
+def test_the_turns_episode_ends_at_reward_1_and_deletes_what_it_made(server: Server) -> None:
+    script = block(README, "Episodes in turns", "bash").replace("localhost:8000", server.url)
+    wrapped = "set -euo pipefail\ncurl() { command curl --fail-with-body \"$@\"; echo; }\n" + script
+    done = subprocess.run(["bash", "-c", wrapped], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    answers: list[Any] = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    calls = [a for a in answers if isinstance(a, dict) and "observation" in a]
+    assert [(c["ok"], (c["error"] or {}).get("type")) for c in calls] == [(True, None), (False, "unknown_tool"),
+                                                                         (True, None)]
+    ended = [a for a in answers if isinstance(a, dict) and "ended_turn" in a]
+    assert [t["function"]["name"] for t in ended[0]["new_tools"]] == ["renew_loan"] and ended[1]["done"] is True
+    score = next(a for a in answers if isinstance(a, dict) and "aggregation" in a)
+    assert (score["reward"], score["turns_passed"], score["partial_credit"]) == (1.0, 2, 1.0)
+    assert live_sessions(server) == 0
+    assert httpx.get(f"{server.url}/v1/scenarios/lib-turns-demo").status_code == 404

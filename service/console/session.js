@@ -41,6 +41,12 @@ function stepView(step, forkHere) {
       h("p", {}, h("strong", {}, "Agent: "), step.content), h("p", {}, h("strong", {}, "User: "), step.reply),
       step.done ? h("p", { class: "muted" }, "the user ended the conversation") : "");
   }
+  if (step.kind === "turn") { // the end of a turn of a turn-based episode, with its checks as they ran then
+    const passed = step.checks.filter((c) => c.passed).length;
+    return h("li", { class: "step turn" }, h("h4", {}, `#${step.step} end of turn ${step.turn + 1} `, here),
+      step.content ? h("p", {}, h("strong", {}, "Agent: "), step.content) : "",
+      h("p", { class: "muted" }, `${passed} of ${step.checks.length} checks passed${step.done ? "; the last turn" : ""}`));
+  }
   const o = outcome(step);
   return h("li", { class: `step ${o.cls}` },
     h("h4", {}, `#${step.step} `, h("code", {}, step.name), ` ${o.mark} `, here),

@@ -198,6 +198,42 @@ def test_concurrent_groups_give_the_same_episodes(ef_server: Server, scripted: R
     assert sorted(r["sample"] for r in got) == [0, 0, 1, 1]
 
 
+TURNS_SCENARIO = {
+    "scenario_id": "lib-turns-rollout", "env_id": "library_circulation",
+    "init_config": {"members": {"M002": {"member_id": "M002", "name": "Priya Shah", "status": "active", "max_loans": 3}},
+                    "books": {"B001": {"book_id": "B001", "title": "Dune", "total_copies": 1, "available_copies": 0}},
+                    "loans": {"L0001": {"loan_id": "L0001", "book_id": "B001", "member_id": "M002",
+                                        "due_date": "2024-05-08", "returned": False, "renewals": 0}}},
+    "turns": [
+        {"message": "When is my Dune due? I am member M002.", "checklist": [{"item": "looked up", "check": (
+            "def check_func(s):\n    return any(c['name'] == 'list_member_loans' for c in turn_responses['calls'])")}]},
+        {"message": "Please renew it.", "tools": ["renew_loan"], "checklist": [{"item": "renewed", "check": (
+            "def check_func(s):\n    return s['loans']['L0001']['renewals'] == 1")}]}]}
+
+
+def test_a_turn_based_episode_ends_each_turn_with_the_agents_answer(ef_server: Server, chat: Running,
+                                                                     tmp_path: Path) -> None:
+    assert httpx.post(f"{ef_server.url}/v1/scenarios", json=TURNS_SCENARIO).status_code == 201
+    try:
+        chat.script.reset({"When is my Dune due? I am member M002.": [[
+            {"tool_calls": [{"name": "list_member_loans", "arguments": {"member_id": "M002"}}]},
+            {"content": "Dune is due on 2024-05-08."},
+            {"tool_calls": [{"name": "renew_loan", "arguments": {"loan_id": "L0001"}}]},
+            {"content": "Renewed."}]]})
+        out = tmp_path / "turns.jsonl"
+        done = rollout(ef_server, chat, out, "--scenario", "lib-turns-rollout")
+        assert done.returncode == 0, done.stderr
+        [record] = records(out)
+        assert (record["reward"], record["finish_reason"], record["steps"]) == (1.0, "user_done", 4)
+        assert [m["content"] for m in record["messages"] if m["role"] == "user"] == [
+            "When is my Dune due? I am member M002.", "Please renew it."]
+        # renew_loan arrived with the second turn: offered from then on, and the call went through
+        assert record["tool_calls"][-1]["name"] == "renew_loan" and record["tool_calls"][-1]["ok"] is True
+        assert "renew_loan" in [t["function"]["name"] for t in record["tools"]]
+    finally:
+        httpx.delete(f"{ef_server.url}/v1/scenarios/lib-turns-rollout")
+
+
 def test_rescore_replays_the_recorded_versions_and_scores_them_with_fixed_checks(
         ef_server: Server, scripted: Running, tmp_path: Path) -> None:
     scenario = httpx.get(f"{ef_server.url}/v1/scenarios/lib-001").json()

@@ -165,7 +165,7 @@ async def test_the_service_endpoint_runs_a_whole_episode(server: Server, client:
     """An MCP-only agent lists scenarios, creates a session, calls its tools and scores it."""
     async with Client(f"{server.url}/v1/mcp") as mcp:
         assert {t.name for t in (await mcp.list_tools()).tools} == {"list_scenarios", "create_session",
-                                                                    "call_tool", "send_message", "score_session"}
+                                                                    "call_tool", "send_message", "end_turn", "score_session"}
         listed = await mcp.call_tool("list_scenarios", {"env_id": "library_circulation"})
         assert listed.structured_content is not None
         assert SCENARIO in [s["scenario_id"] for s in listed.structured_content["scenarios"]]

@@ -364,6 +364,32 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/turns": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Turn
+         * @description Turn-based scenarios: the turn in progress, its user message and its tools (409 `not-turn-based` otherwise).
+         */
+        get: operations["get_turn_v1_sessions__session_id__turns_get"];
+        put?: never;
+        /**
+         * End Turn
+         * @description Turn-based scenarios: end the turn in progress. Its checks run on the state and the turn's responses (see
+         *     POST /score); the answer is the next user message and the tools that arrive with it, or done after the last
+         *     turn. 409 `turns-ended` once every turn has ended, `not-turn-based` for a session without turns.
+         */
+        post: operations["end_turn_v1_sessions__session_id__turns_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -708,8 +734,16 @@ export interface components {
              * @description Labels to select scenarios by (e.g. a benchmark and its domain).
              */
             tags?: string[];
-            /** Task */
-            task: string;
+            /**
+             * Task
+             * @description The task; required unless turns are given (then it defaults to the first turn's message).
+             */
+            task?: string | null;
+            /**
+             * Turns
+             * @description A turn-based scenario's user turns, in order: sessions show the first, the agent ends each with POST /v1/sessions/{id}/turns, and each turn's checks run when it ends. Null: the task is given at once.
+             */
+            turns?: components["schemas"]["TurnSpec"][] | null;
         };
         /** ScenarioDetail */
         ScenarioDetail: {
@@ -742,6 +776,11 @@ export interface components {
             tags?: string[];
             /** Task */
             task: string;
+            /**
+             * Turns
+             * @description A turn-based scenario's user turns, in order: sessions show the first, the agent ends each with POST /v1/sessions/{id}/turns, and each turn's checks run when it ends. Null: the task is given at once.
+             */
+            turns?: components["schemas"]["TurnSpec"][] | null;
             /**
              * Version
              * @description The digest of its environment id, initial state, task, checks and reference solution: scenario_id@<digest prefix> names this version for ever.
@@ -793,6 +832,11 @@ export interface components {
         };
         /** Score */
         Score: {
+            /**
+             * Aggregation
+             * @description Turn-based scenarios: how reward is made of the turns. 'all_turns' (BFCL's): 1.0 when every turn passed, else 0.0.
+             */
+            aggregation?: "all_turns" | null;
             /** Checks */
             checks: components["schemas"]["CheckResult"][];
             /**
@@ -800,11 +844,16 @@ export interface components {
              * @description The environment version the session ran.
              */
             env_version?: string | null;
+            /**
+             * Partial Credit
+             * @description Turn-based scenarios: turns_passed / turns.
+             */
+            partial_credit?: number | null;
             /** Passed */
             passed: number;
             /**
              * Reward
-             * @description passed / total; null when the session has no checks.
+             * @description passed / total; null when the session has no checks. Turn-based: under `aggregation`.
              */
             reward: number | null;
             /**
@@ -814,6 +863,16 @@ export interface components {
             scenario_version?: string | null;
             /** Total */
             total: number;
+            /**
+             * Turns
+             * @description Turn-based scenarios: each turn's checks.
+             */
+            turns?: components["schemas"]["TurnScore"][] | null;
+            /**
+             * Turns Passed
+             * @description Turn-based scenarios: turns whose checks all passed.
+             */
+            turns_passed?: number | null;
         };
         /** SessionCreate */
         SessionCreate: {
@@ -897,10 +956,23 @@ export interface components {
              * @description The task; null in conversation mode, where the simulated user holds it.
              */
             task: string | null;
-            /** Tools */
+            /**
+             * Tools
+             * @description The tools available now (in a turn-based episode, this turn's).
+             */
             tools: {
                 [key: string]: unknown;
             }[];
+            /**
+             * Turn
+             * @description Turn-based scenario: the turn in progress (0: the first); user_message is its message. Null otherwise.
+             */
+            turn?: number | null;
+            /**
+             * Turns
+             * @description Turn-based scenario: how many turns it has.
+             */
+            turns?: number | null;
             /**
              * User Message
              * @description Conversation mode: the simulated user's opening message.
@@ -1066,12 +1138,158 @@ export interface components {
              */
             offset: number;
             /** Steps */
-            steps: (components["schemas"]["Step"] | components["schemas"]["MessageStep"])[];
+            steps: (components["schemas"]["Step"] | components["schemas"]["MessageStep"] | components["schemas"]["TurnStep"])[];
             /**
              * Total
              * @description Steps in the whole trajectory.
              */
             total: number;
+        };
+        /** TurnEnd */
+        TurnEnd: {
+            /**
+             * Content
+             * @description The agent's closing message for the turn, if any (the turn's checks read it as turn_responses.message).
+             */
+            content?: string | null;
+        };
+        /** TurnResult */
+        TurnResult: {
+            /**
+             * Done
+             * @description That was the last turn: score the session.
+             */
+            done: boolean;
+            /**
+             * Ended Turn
+             * @description The turn that ended.
+             */
+            ended_turn: number;
+            /**
+             * New Tools
+             * @description Tools that become available with the next turn.
+             */
+            new_tools: {
+                [key: string]: unknown;
+            }[];
+            /**
+             * Step
+             * @description The step that ended the turn.
+             */
+            step: number;
+            /**
+             * Turn
+             * @description The turn now in progress; null when that was the last.
+             */
+            turn: number | null;
+            /** Turns */
+            turns: number;
+            /**
+             * User Message
+             * @description The next turn's user message.
+             */
+            user_message: string | null;
+        };
+        /** TurnScore */
+        TurnScore: {
+            /** Checks */
+            checks: components["schemas"]["CheckResult"][];
+            /**
+             * Passed
+             * @description Every check of the turn passed (a turn without checks passes).
+             */
+            passed: boolean;
+            /**
+             * Status
+             * @description 'ended': its checks as they ran when it ended; 'in_progress': checked on the current state; 'not_reached': failed.
+             * @enum {string}
+             */
+            status: "ended" | "in_progress" | "not_reached";
+            /** Turn */
+            turn: number;
+        };
+        /** TurnSpec */
+        TurnSpec: {
+            /**
+             * Checklist
+             * @description Checks run when the agent ends the turn, on the state and on the turn's responses: besides initial_state, check_func sees the global turn_responses = {turn, calls: [{name, arguments, ok, result, error}], message} (the turn's calls, failed ones too, and the agent's closing message).
+             */
+            checklist?: components["schemas"]["CheckItem"][];
+            /**
+             * Message
+             * @description The user's message that opens the turn.
+             */
+            message: string;
+            /**
+             * Reference Solution
+             * @description The turn's part of a solution.
+             */
+            reference_solution?: components["schemas"]["ToolCallSpec"][] | null;
+            /**
+             * Tools
+             * @description Tools that become available from this turn on (before it, calling one is an unknown_tool failure). Tools no turn names are available from the start.
+             */
+            tools?: string[];
+        };
+        /** TurnStep */
+        TurnStep: {
+            /**
+             * Checks
+             * @description The turn's checks as they ran when it ended.
+             */
+            checks: components["schemas"]["CheckResult"][];
+            /**
+             * Content
+             * @description The agent's closing message, if it sent one.
+             */
+            content: string | null;
+            /**
+             * Done
+             * @description It was the last turn.
+             */
+            done: boolean;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            kind: "turn";
+            /** Step */
+            step: number;
+            /**
+             * Turn
+             * @description The turn this step ended.
+             */
+            turn: number;
+        };
+        /** TurnView */
+        TurnView: {
+            /**
+             * Done
+             * @description Every turn has ended.
+             */
+            done: boolean;
+            /**
+             * Tools
+             * @description The tools available in the turn in progress.
+             */
+            tools: {
+                [key: string]: unknown;
+            }[];
+            /**
+             * Turn
+             * @description The turn in progress (0: the first); null once every turn has ended.
+             */
+            turn: number | null;
+            /**
+             * Turns
+             * @description How many turns the scenario has.
+             */
+            turns: number;
+            /**
+             * User Message
+             * @description The user's message of the turn in progress.
+             */
+            user_message: string | null;
         };
     };
     responses: never;
@@ -3830,6 +4048,237 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Trajectory"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Quota exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
+    get_turn_v1_sessions__session_id__turns_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Invalid request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Quota exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Upstream failed */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+            /** @description Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                    "application/problem+json": unknown;
+                };
+            };
+        };
+    };
+    end_turn_v1_sessions__session_id__turns_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Retries with the same key and body return the first answer and apply nothing twice. */
+                "Idempotency-Key"?: string | null;
+            };
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["TurnEnd"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnResult"];
                 };
             };
             /** @description Unauthorized */

@@ -104,7 +104,7 @@ describe("the typed client against a live server", () => {
     const state = await client.state(session.session_id);
     assert.equal(state.step, solution.length);
     const trajectory = await client.trajectory(session.session_id);
-    assert.deepEqual(trajectory.steps.map((s) => (s.kind === "message" ? "message" : s.name)), solution.map((c) => c.name));
+    assert.deepEqual(trajectory.steps.map((s) => ("name" in s ? s.name : "message")), solution.map((c) => c.name));
     assert.equal(trajectory.total, solution.length);
     const second = await client.trajectory(session.session_id, { offset: 1, limit: 1 });
     assert.deepEqual([second.steps.length, second.steps[0]?.step, second.total, second.offset], [1, 2, 3, 1]);

@@ -20,12 +20,14 @@ from envfoundry_client.errors import (  # noqa: E402
     InvalidRequest,
     NotConversation,
     NotFound,
+    NotTurnBased,
     PayloadTooLarge,
     ProblemError,
     ProtocolError,
     QuotaExceeded,
     SessionBusy,
     TransportError,
+    TurnsEnded,
     Unauthorized,
     Unavailable,
     UserLLMFailed,
@@ -52,7 +54,9 @@ from envfoundry_client.models import (  # noqa: E402
     Step,
     ToolCall,
     TrajectoryPage,
+    TurnStep,
 )
+from envfoundry_client.turns import TurnResult, TurnScore, TurnView  # noqa: E402
 
 __all__ = [
     "AsyncClient", "CallError", "CallResult", "CallStep", "CheckItem", "CheckResult", "Client", "Conflict",
@@ -61,4 +65,5 @@ __all__ = [
     "PayloadTooLarge", "ProblemError", "ProtocolError", "QuotaExceeded", "Retry", "Scenario", "ScenarioPage", "ScenarioSummary",
     "Score", "Session", "SessionBusy", "SessionInfo", "StateView", "Step", "ToolCall", "TrajectoryPage",
     "TransportError", "Unauthorized", "Unavailable", "UserLLMFailed", "UserLLMUnavailable",
+    "NotTurnBased", "TurnsEnded", "TurnResult", "TurnScore", "TurnStep", "TurnView",
 ]

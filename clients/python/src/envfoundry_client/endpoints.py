@@ -35,6 +35,7 @@ from envfoundry_client.models import (
     ToolCall,
     TrajectoryPage,
 )
+from envfoundry_client.turns import TurnResult, TurnView
 
 T = TypeVar("T")
 
@@ -241,6 +242,22 @@ def send_message(session_id: str, content: str, *, idempotency_key: str | None =
                      {"content": content}, idempotency_key=_key(idempotency_key))
 
 
+def end_turn(session_id: str, content: str | None = None, *,
+             idempotency_key: str | None = None) -> Operation[TurnResult]:
+    """End the turn in progress of a turn-based session (its checks run then); get the user's next message and
+    the tools that arrive with it, or ``done`` after the last turn. ``content``: the agent's closing message.
+
+    Raises ``TurnsEnded`` once every turn has ended, ``NotTurnBased`` for a session without turns.
+    """
+    return Operation("POST", f"/v1/sessions/{_seg(session_id)}/turns", TurnResult.from_json,
+                     {} if content is None else {"content": content}, idempotency_key=_key(idempotency_key))
+
+
+def turn(session_id: str) -> Operation[TurnView]:
+    """Where a turn-based session is: the turn in progress, its user message and its tools."""
+    return _get(f"/v1/sessions/{_seg(session_id)}/turns", TurnView.from_json)
+
+
 def state(session_id: str, *, step: int | None = None) -> Operation[StateView]:
     """The session's state as JSON, with the step it belongs to; with ``step``, the state after that
     step (0: the initial state), rebuilt as for a fork at that step."""
@@ -293,4 +310,4 @@ def delete_session(session_id: str) -> Operation[None]:
 ENDPOINTS = (health, list_environments, get_environment, environment_versions, catalog_manifest, create_environment,
              delete_environment, list_scenarios,
              find_scenarios, get_scenario, create_scenario, delete_scenario, create_session, get_session, tools, call, send_message,
-             state, trajectory, score, fork, delete_session)
+             end_turn, turn, state, trajectory, score, fork, delete_session)

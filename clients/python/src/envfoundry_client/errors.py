@@ -123,6 +123,14 @@ class ConversationEnded(Conflict):
     slug = "conversation-ended"
 
 
+class NotTurnBased(Conflict):
+    slug = "not-turn-based"
+
+
+class TurnsEnded(Conflict):
+    slug = "turns-ended"
+
+
 class UserLLMFailed(ProblemError):
     slug = "user-llm-failed"
 
@@ -138,7 +146,8 @@ class UserLLMUnavailable(Unavailable):
 _BY_SLUG: dict[str, type[ProblemError]] = {
     cls.slug: cls for cls in (NotFound, InvalidRequest, InvalidEnvironment, IdempotencyKeyReused, PayloadTooLarge,
                               Unauthorized, Forbidden, QuotaExceeded, Conflict, SessionBusy, NotConversation,
-                              ConversationEnded, UserLLMFailed, Unavailable, UserLLMUnavailable)
+                              ConversationEnded, NotTurnBased, TurnsEnded, UserLLMFailed, Unavailable,
+                              UserLLMUnavailable)
 }
 _BY_STATUS: dict[int, type[ProblemError]] = {
     401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: PayloadTooLarge, 422: InvalidRequest,

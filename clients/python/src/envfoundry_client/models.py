@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 JSON = dict[str, Any]
 Mode = Literal["task", "conversation"]
@@ -174,19 +174,26 @@ class Session:
     tools: list[JSON] = field(repr=False)
     mode: Mode = "task"
     user_message: str | None = None
+    turn: int | None = None  # turn-based scenarios: the turn in progress (user_message is its message)
+    turns: int | None = None  # and how many there are
 
     @classmethod
     def from_json(cls, body: JSON) -> Session:
         sid = str(body["session_id"])
         ids = [str(i) for i in body.get("session_ids") or [sid]]
         mode = _mode(body.get("mode"))
+        turn, turns = body.get("turn"), body.get("turns")
         return cls(sid, ids, str(body["env_id"]), _str_or_none(body.get("scenario_id")), _str_or_none(body.get("task")),
                    str(body["introduction"]), [str(r) for r in body["rules"]], list(body["tools"]), mode,
-                   _str_or_none(body.get("user_message")))
+                   _str_or_none(body.get("user_message")), None if turn is None else int(turn),
+                   None if turns is None else int(turns))
 
     @property
     def prompt(self) -> str:
-        """What the agent is first told: the task, or in conversation mode the user's opening message."""
+        """What the agent is first told: the task, in conversation mode the user's opening message, in a
+        turn-based episode the turn's message."""
+        if self.turns is not None:
+            return self.user_message or ""
         return (self.user_message if self.mode == "conversation" else self.task) or ""
 
 
@@ -286,12 +293,28 @@ class MessageStep:
     kind: Literal["message"] = "message"
 
 
-Step = CallStep | MessageStep
+@dataclass(frozen=True)
+class TurnStep:
+    """The end of a turn of a turn-based episode, with its checks as they ran then."""
+
+    step: int
+    turn: int
+    content: str | None
+    checks: list[CheckResult]
+    done: bool
+    kind: Literal["turn"] = "turn"
+
+
+Step = CallStep | MessageStep | TurnStep
 
 
 def step_from_json(body: JSON) -> Step:
     if body.get("kind", "call") == "message":
         return MessageStep(int(body["step"]), str(body["content"]), str(body["reply"]), bool(body["done"]))
+    if body.get("kind") == "turn":
+        return TurnStep(int(body["step"]), int(body["turn"]), _str_or_none(body.get("content")),
+                        [CheckResult(str(c["item"]), bool(c["passed"]), _str_or_none(c.get("error")))
+                         for c in body.get("checks") or []], bool(body["done"]))
     return CallStep(int(body["step"]), str(body["name"]), body.get("arguments"), bool(body["ok"]), body.get("result"),
                     _call_error(body.get("error")), str(body["observation"]), dict(body["diff"]))
 
@@ -315,19 +338,31 @@ class CheckResult:
     error: str | None
 
 
+if TYPE_CHECKING:
+    from envfoundry_client.turns import TurnScore
+
+
 @dataclass(frozen=True)
 class Score:
-    reward: float | None  # passed / total; None when the session has no checks
+    reward: float | None  # passed / total; None when the session has no checks; turn-based: see aggregation
     passed: int
     total: int
     checks: list[CheckResult]
     env_version: str | None = None  # the environment version the session ran
     scenario_version: str | None = None  # the scenario version whose checks scored it
+    # Turn-based scenarios (None otherwise): how reward is made of the turns ("all_turns": every turn
+    # must pass), each turn's checks, and the fraction of turns passed.
+    aggregation: str | None = None
+    turns: list[TurnScore] | None = None
+    partial_credit: float | None = None
 
     @classmethod
     def from_json(cls, body: JSON) -> Score:
-        reward = body.get("reward")
+        from envfoundry_client.turns import turn_scores
+
+        reward, partial = body.get("reward"), body.get("partial_credit")
         return cls(None if reward is None else float(reward), int(body["passed"]), int(body["total"]),
                    [CheckResult(str(c["item"]), bool(c["passed"]), _str_or_none(c.get("error")))
                     for c in body["checks"]], _str_or_none(body.get("env_version")),
-                   _str_or_none(body.get("scenario_version")))
+                   _str_or_none(body.get("scenario_version")), _str_or_none(body.get("aggregation")),
+                   turn_scores(body), None if partial is None else float(partial))

@@ -5,7 +5,9 @@ one episode. The agent sees the environment's introduction and rules as the syst
 task (or the simulated user's opening message) as the first user message. Tools go to the model
 natively (``tools=``) or, in prompt mode, are listed in the system prompt and read back from
 ``<tool_call>`` blocks. An episode ends when the agent answers without a tool call (task mode),
-when the simulated user says it is done (conversation mode), at ``max_steps`` agent turns, or on
+when the simulated user says it is done (conversation mode), in a turn-based episode when its last
+turn ends (each answer without a tool call ends a turn; the next user message follows, with the
+tools that arrive with it), at ``max_steps`` agent turns, or on
 an error; then the session is scored and deleted. Every finished episode is written at once as
 one JSON line.
 """
@@ -54,6 +56,8 @@ class Episode:
                                                             "total_tokens": 0})
     turns: int = 0
     steps: int = 0
+    # The tools the model is offered: the session's, and in a turn-based episode those that arrive later.
+    tools: list[JSON] = field(default_factory=list)
     finish_reason: str = ""
     error: str | None = None
     score: JSON = field(default_factory=lambda: {"reward": None, "passed": 0, "total": 0, "checks": []})
@@ -67,7 +71,7 @@ class Episode:
         return {
             "scenario_id": self.session.scenario_id, "env_id": self.session.env_id, "sample": self.sample,
             "session_id": self.session_id, "mode": self.options.mode, "tool_format": self.options.tool_format,
-            "model": self.model, "tools": self.session.tools, "messages": self.messages, "tool_calls": self.calls,
+            "model": self.model, "tools": self.tools or self.session.tools, "messages": self.messages, "tool_calls": self.calls,
             "reward": self.score["reward"], "passed": self.score["passed"], "total": self.score["total"],
             "checks": self.score["checks"], "usage": self.usage, "turns": self.turns, "steps": self.steps,
             "finish_reason": self.finish_reason, "error": self.error,
@@ -90,6 +94,7 @@ async def play(ef: AsyncClient, llm: ChatLLM, ep: Episode) -> JSON:
     """Run one episode to its end, score it, and return its record. Never raises for the agent's or
     the service's failures: they end the episode with a ``finish_reason`` and an ``error``."""
     opts = ep.options
+    ep.tools = list(ep.session.tools)
     ep.say({"role": "system", "content": system_prompt(ep.session, opts.tool_format)})
     ep.say({"role": "user", "content": ep.session.prompt})
     try:
@@ -116,7 +121,7 @@ async def _turns(ef: AsyncClient, llm: ChatLLM, ep: Episode) -> None:
             ep.finish_reason = "max_steps"
             return
         ep.turns += 1
-        completion = await llm.complete(ep.wire, ep.session.tools if native else None)
+        completion = await llm.complete(ep.wire, ep.tools if native else None)
         for key, value in completion.usage.items():
             ep.usage[key] += value
         reply = completion.message
@@ -165,6 +170,18 @@ async def _turns(ef: AsyncClient, llm: ChatLLM, ep: Episode) -> None:
             if answer.done:
                 ep.finish_reason = "user_done"
                 return
+            continue
+        if ep.session.turns is not None:  # a turn-based episode: the answer ends the user's turn (BFCL's protocol)
+            following = await ef.end_turn(ep.session_id, action.text or None)
+            ep.steps += 1
+            if following.done:
+                ep.finish_reason = "user_done"
+                return
+            ep.tools += following.new_tools
+            message = following.user_message or ""
+            if following.new_tools and not native:  # prompt mode: the tools that arrived, before the message
+                message = f"{tools_prompt(following.new_tools)}\n\n{message}"
+            ep.say({"role": "user", "content": message})
             continue
         ep.finish_reason = "length" if completion.finish_reason == "length" else "stop"
         return
