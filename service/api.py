@@ -271,6 +271,7 @@ def created_body(created: Created, turn: int = 0) -> dict[str, Any]:
             session_id=meta.session_id, session_ids=[m.session_id for m in created.metas], env_id=created.env.env_id,
             scenario_id=meta.scenario_id, mode="task", task=scenario.task, user_message=view["user_message"],
             introduction=created.env.introduction, rules=created.env.rules, tools=view["tools"],
+            env_version=meta.env_version or None, scenario_version=meta.scenario_version or None,
             turn=view["turn"], turns=view["turns"]).model_dump(mode="json", exclude_unset=True)
     return schemas.SessionCreated(
         session_id=meta.session_id,
