@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -77,6 +78,12 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     yield prefix
     drop_keys(redis_url, prefix)
 
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test sends SIGINT: a suite started in the background (``cmd &``
+    in a script) inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 @dataclass
 class Server:

@@ -71,8 +71,11 @@ def measure(server: Server, store: redis.Redis, prefix: str) -> Figures:
         fds=proctree.open_descriptors(pid),
         workers=len(proctree.workers(pid)),
         processes=len(proctree.descendants(pid)),
+        # (not the shared bases, nor the catalog's records and their byte count: the versions
+        # sessions started on are kept, once each)
         keys=sum(1 for key in store.scan_iter(match=f"{prefix}:*", count=1000)
-                 if not key.startswith(f"{prefix}:base:".encode())),
+                 if not key.startswith((f"{prefix}:base:".encode(), f"{prefix}:catalog:".encode()))
+                 and not key.endswith(b":record-bytes")),
         bases=sum(1 for _ in store.scan_iter(match=f"{prefix}:base:*", count=1000)),
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from synthesis import cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, interruptible
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import write_config
 
@@ -161,7 +161,7 @@ def test_a_refused_key_costs_one_request_then_exits_3_naming_the_cause(
 def start_synth(tmp_path: Path, config: Path, stage: str = "themes") -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "synthesis.cli", "synth", stage, "--config", str(config), "--out",
                              str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True, preexec_fn=interruptible)  # fmt: skip
 
 
 def wait_for_requests(llm: Running, process: subprocess.Popen[str], count: int) -> None:

@@ -18,7 +18,7 @@ import pytest
 from envfoundry_client import Client, Retry, TransportError
 from envfoundry_client.factory import RolloutFailed, environment_factory
 
-from tests.conftest import ROOT, Server, free_port
+from tests.conftest import ROOT, Server, free_port, interruptible
 from tests.trainers.conftest import restart
 
 
@@ -90,7 +90,7 @@ def test_no_exit_leaves_a_session_open(memory_server: list[Server], how: str, co
     server = memory_server[-1]
     script = CHILD if how != "normal" else CHILD.replace("time.sleep(30)", "")
     done = subprocess.run([sys.executable, "-c", script, server.url, how], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+                          timeout=60, cwd=ROOT, preexec_fn=interruptible)
     assert done.returncode == code, done.stderr
     sessions = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("SESSION ")]
     assert len(sessions) == 2
