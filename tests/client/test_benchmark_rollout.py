@@ -75,8 +75,10 @@ def test_a_tau_bench_split_prints_pass_hat_k(bench_server: Server, chat: Running
 
 
 def test_bfcl_prints_accuracy(bench_server: Server, chat: Running, tmp_path: Path) -> None:
-    chat.script.reset({task(bench_server, "bfcl-multi-turn-base-0"): BFCL_BASE_0})
-    lines = rollout(bench_server, chat, tmp_path / "bfcl.jsonl", "--scenario", "bfcl-multi-turn-base-0")
+    # (the all-at-once form: its task lists every turn, as this scripted agent expects)
+    scenario = "bfcl-multi-turn-base-0-all-at-once"
+    chat.script.reset({task(bench_server, scenario): BFCL_BASE_0})
+    lines = rollout(bench_server, chat, tmp_path / "bfcl.jsonl", "--scenario", scenario)
     assert "BFCL multi-turn: accuracy 0.500 (1/2 episodes)" in lines
     assert not any(line.startswith("tau-bench") for line in lines)
 
