@@ -49,16 +49,19 @@ class Limits:
                               call="max_state_bytes")
     # a larger diff is summarised (the service sets it to a trajectory record's bound)
     diff_bytes: int = _limit(256 * 1024, "Size of a call's diff before it is summarised.", call="max_diff_bytes")
-    residents: int = _limit(32, "Live sessions each sandbox worker keeps between calls (0: every call rebuilds "
-                                "the instance from the stored state).", setting="residents", flag="--residents",
-                            ge=0, le=1024)
+    # A bound on processes and descriptors, not on memory (``resident_memory_mb`` is): an RL batch
+    # keeps hundreds of sessions open and calls each rarely, and a session that went cold pays a
+    # fork and a decode on its next call.
+    residents: int = _limit(1024, "Live sessions each sandbox worker keeps between calls, at most (0: every "
+                                  "call rebuilds the instance from the stored state).", setting="residents",
+                            flag="--residents", ge=0, le=4096)
     # A check of environment code (a correct class gives the same results either way), not a way
     # to serve: every call then decodes the state and starts a process.
     rebuild_every_call: bool = _limit(False, "Rebuild every session call's instance from the stored state: no "
                                              "live sessions (residents 0), no call straight to a session's "
                                              "process, no initial state forked from a template.",
                                       setting="rebuild_every_call")
-    resident_memory_mb: int = _limit(512, "Memory a sandbox worker's live sessions may hold, as measured from "
+    resident_memory_mb: int = _limit(2048, "Memory a sandbox worker's live sessions may hold, as measured from "
                                           "its memory cgroup; past it the least recently used go cold (their "
                                           "next call rebuilds them from the store).", setting="resident_memory_mb",
                                      ge=0)

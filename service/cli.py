@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "key), or listen on 127.0.0.1.", file=sys.stderr)
             return 2
         print("no API keys configured: listening on loopback only; every client has every scope", flush=True)
+    _raise_descriptor_limit(settings)
     catalog = load_catalog(settings)  # before binding the port: a missing folder is a plain error
     print(f"envfoundry serving on http://{settings.host}:{settings.port} "
           f"(store: {'redis' if settings.redis_url else 'memory'}, sandbox: {settings.sandbox} x{settings.workers})",
@@ -59,6 +60,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 access_log=False, http=bounded_protocol(settings.connection_bounds(), app.state.sockets),
                 ws=bounded_websockets(settings.websocket_close_timeout), timeout_keep_alive=settings.keep_alive_timeout)
     return 0
+
+
+def _raise_descriptor_limit(settings: Settings) -> None:
+    """Lift this process's soft descriptor limit to what it may hold: a socket per connection and
+    three descriptors per live session it calls straight (``sandbox.lane``), which with the default
+    residents pass the soft limit of 1,024 most systems start a service with."""
+    import resource
+
+    wanted = settings.max_connections + 3 * settings.workers * settings.limits().residents + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < wanted:
+        print(f"warning: {raised} open files allowed (hard limit), {wanted} wanted for "
+              f"{settings.max_connections} connections and {settings.workers} x {settings.limits().residents} live "
+              "sessions: lower ENVFOUNDRY_RESIDENTS or raise the limit", file=sys.stderr, flush=True)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

@@ -191,7 +191,7 @@ def test_shared_objects_are_found_as_the_codec_counts_them() -> None:
 async def test_a_worker_full_of_live_sessions_still_starts_new_ones(pool_factory: Any) -> None:
     """Every live session holds a process: the worker's process budget (a container's pids limit,
     the uid's process limit) covers the residents it keeps, and more sessions than that evict."""
-    async with pool_factory(size=1) as pool:
+    async with pool_factory(size=1, residents=32) as pool:
         count = pool.limits.residents + 6
         sessions = [await _session(pool, f"s{i}") for i in range(count)]
         for i, stored in enumerate(sessions):

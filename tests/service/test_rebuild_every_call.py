@@ -21,7 +21,7 @@ from tests.conftest import BUNDLED, start_server
 
 def test_the_setting_means_no_residents() -> None:
     assert Settings(rebuild_every_call=True).limits().residents == 0
-    assert Settings().limits().rebuild_every_call is False and Settings().limits().residents == 32
+    assert Settings().limits().rebuild_every_call is False and Settings().limits().residents == 1024
 
 
 @pytest.fixture(scope="module")
