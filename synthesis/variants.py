@@ -237,12 +237,16 @@ async def run(ctx: Context, catalog: Catalog, kind: str, scenario_ids: list[str]
         stop = failures.subgroup(EndpointUnusable)
         if stop is None:
             raise
-        while isinstance(stop, BaseExceptionGroup):  # the first item to meet it says why
-            stop = stop.exceptions[0]
-        raise stop from None
+        raise _first(stop) from None
     outcome.kept.sort(key=lambda s: s.scenario_id)
     outcome.dropped.sort()
     return outcome
+
+
+def _first(group: BaseExceptionGroup[EndpointUnusable]) -> EndpointUnusable:
+    """The first item to meet it says why."""
+    leaf = group.exceptions[0]
+    return _first(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
 
 
 def write(out: Path, catalog: Catalog, variants: list[Scenario]) -> None:

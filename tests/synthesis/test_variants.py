@@ -166,3 +166,15 @@ def test_a_reply_that_does_not_give_the_value_is_refused() -> None:
     answer = '```json\n{"task": "Hi, I would like to borrow a book.", "reply": "Here you go."}\n```'
     with pytest.raises(ParseError, match='the reply does not give "M002"'):
         parse_rewrite(answer, held)
+
+
+def test_an_unreachable_endpoint_exits_3_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import free_port
+
+    config = write_config(tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    code = cli.main(["synth", "variants", "--kind", "missing-param", "--config", str(config),
+                     "--out", str(tmp_path / "out"), "--scenario", "lib-001", "--scenario", "lib-002"])
+
+    assert code == 3
+    assert "error: the endpoint cannot serve this run" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "library_circulation").exists()
