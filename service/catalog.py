@@ -186,7 +186,7 @@ class Scenario:
             raise CatalogError(f"{where}: init_config must be an object", field="init_config", path=where)
         checklist = _checklist(data.get("checklist"), where, "checklist")
         solution = _solution(data.get("reference_solution"), where, "reference_solution")
-        turns = _turns(data.get("turns"), where)
+        turns = turns_from_json(data.get("turns"), where)
         if turns and any(t.reference_solution is not None for t in turns):
             # The whole episode's solution is its turns' in order (what a replay of the calls alone runs).
             solution = [call for t in turns for call in t.reference_solution or ()]
@@ -244,7 +244,7 @@ def _solution(value: Any, where: str, name: str) -> list[ToolCall] | None:
     return solution
 
 
-def _turns(value: Any, where: str) -> tuple[Turn, ...]:
+def turns_from_json(value: Any, where: str) -> tuple[Turn, ...]:
     """A scenario's ``turns``, validated; each problem names its field (``turns[2].tools[0]``)."""
     if value is None:
         return ()

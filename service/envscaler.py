@@ -39,6 +39,7 @@ from service.catalog import (
     Scenario,
     ToolCall,
     build_environment,
+    turns_from_json,
     write_package,
 )
 
@@ -341,6 +342,8 @@ def _scenario(record: dict[str, Any], scenario_id: str, env_id: str, env_class_n
         init_config=_decode_init_config(record["init_config"]),
         checklist=_checklist(record),
         reference_solution=_reference_solution(record.get("reference_solution")),
+        # Our own extension too: a turn-based scenario's turns, in the catalog's shape.
+        turns=turns_from_json(record.get("turns"), f"scenario '{scenario_id}'"),
     )
 
 
@@ -440,8 +443,10 @@ def import_envscaler(envs_path: Path, scenarios_path: Path | None, out: Path) ->
 def export_envscaler(catalog: Catalog, envs_out: Path, scenarios_out: Path) -> None:
     """Write ``catalog`` as EnvScaler's environment-metadata object and scenario list.
 
-    Scenarios keep their reference solutions under ``reference_solution`` (not
-    part of EnvScaler's shape; its loaders ignore unknown keys).
+    Scenarios keep their reference solutions under ``reference_solution`` and a
+    turn-based scenario its ``turns`` in the catalog's own shape (neither is part
+    of EnvScaler's shape; its loaders ignore unknown keys), so an import of the
+    export gives the same scenarios back.
 
     Raises:
         CatalogError: an output file cannot be written.
@@ -475,6 +480,8 @@ def export_envscaler(catalog: Catalog, envs_out: Path, scenarios_out: Path) -> N
             record["reference_solution"] = [
                 {"name": call.name, "arguments": call.arguments} for call in scenario.reference_solution
             ]
+        if scenario.turns:
+            record["turns"] = [turn.to_json() for turn in scenario.turns]
         scenarios.append(record)
     _write_json(Path(envs_out), environments)
     _write_json(Path(scenarios_out), scenarios)

@@ -50,6 +50,11 @@ class Keys:
         touched (every refresh of a session's keys refreshes the bases it names)."""
         return f"{self.prefix}:base:{_tag(tenant)}:{digest}"
 
+    def tools_changed(self) -> str:
+        """The pub/sub channel on which replicas tell each other that a session's tools changed
+        (``service.broadcast``); a channel, not a key: nothing is stored under it."""
+        return f"{self.prefix}:events:tools_changed"
+
     def request(self, name: str) -> str:
         """An idempotent request that creates sessions (create, fork); ``name`` is scoped by the caller."""
         return f"{self.prefix}:request:{name}"

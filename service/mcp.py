@@ -47,6 +47,7 @@ from service import calls, idempotency
 from service.api import created_body as created_view
 from service.arguments import ArgumentChecker, ArgumentLimit
 from service.auth import Principal
+from service.broadcast import between_replicas
 from service.catalog import LABEL_PATTERN, MAX_TAGS
 from service.problems import InvalidRequest, ServiceError, problem_response, problem_type
 from service.scenario_index import (
@@ -194,8 +195,8 @@ _LISTENING: ContextVar[str] = ContextVar("envfoundry_mcp_listening")
 
 class SessionEvents:
     """The SDK's subscription bus, per session: a listen stream opened on a session's endpoint hears that
-    its tools changed (a turn that brought tools ended), in this replica. A stream on another replica
-    hears nothing (the endpoint keeps no state between requests); ``tools/list`` is right on every one."""
+    its tools changed (a turn that brought tools ended) in this replica, and with a Redis store in any
+    replica (``service.broadcast`` relays it); ``tools/list`` is right on every one regardless."""
 
     def __init__(self) -> None:
         self._listeners: dict[str, dict[object, Callable[[ServerEvent], None]]] = {}
@@ -456,6 +457,10 @@ async def serving(app: FastAPI, max_body_bytes: int) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         events = SessionEvents()
         app.state.sessions.turns.tools_changed.append(events.tools_changed)
+        others = between_replicas(app.state.store, events.tools_changed)
+        if others is not None:  # streams held by other replicas hear it too
+            await stack.enter_async_context(others.running())
+            app.state.sessions.turns.tools_changed.append(others.publish)
         for name, server in (("mcp_session", session_server(events)), ("mcp_service", service_server())):
             manager = StreamableHTTPSessionManager(server, json_response=True, stateless=True,
                                                    max_request_body_size=max_body_bytes)

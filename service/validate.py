@@ -45,8 +45,7 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
     report.problems.extend(await (packages or Packages(AllowList([]), None)).attach_catalog(catalog))
     report.environments = len(catalog.environments)
     report.scenarios = len(catalog.scenarios)
-    store = MemoryStore()
-    sessions = Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60)
+    sessions = sessions_for(catalog, pool)
     for env in catalog.environments.values():
         try:
             failure = await pool.validate(env_code(env))
@@ -55,49 +54,62 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
         if failure:
             report.problems.append(f"{env.env_id}: {failure['kind']}: {failure['message']}")
     for scenario in sorted(catalog.scenarios.values(), key=lambda s: s.scenario_id):
-        where = f"{scenario.env_id}/{scenario.scenario_id}"
-        if scenario.reference_solution is None:
-            report.problems.append(f"{where}: no reference_solution")
-            continue
-        if scenario.turns:
-            await _validate_turns(sessions, scenario, where, report)
-            await _compare_rebuilt(pool, catalog, scenario, where, report)
-            continue
-        try:
-            created = await sessions.create(scenario.scenario_id, None, None)
-            sid = created.meta.session_id
-            before = await sessions.score(sid)
-            if before["total"] and before["passed"] == before["total"] and scenario.unchanged_is_correct:
-                report.notes.append(f"{where}: every check passes on the initial state, as declared "
-                                    "(unchanged_is_correct: the correct outcome changes nothing)")
-            elif before["total"] and before["passed"] == before["total"]:
-                report.problems.append(f"{where}: every check already passes on the initial state "
-                                       "(an agent that does nothing scores 1.0)")
-            for check, item in zip(before["checks"], scenario.checklist, strict=True):
-                if not check["passed"] or item.kind == "keep":
-                    continue  # a keep check is meant to pass on the initial state
-                if item.kind == "change":
-                    report.problems.append(f"{where}: a 'change' check passes before any call, so it checks "
-                                           f"nothing the agent does: {check['item']}")
-                else:
-                    report.notes.append(f"{where}: passes before any call (fine for a 'leave unchanged' "
-                                        f"check; give it kind 'keep' to say so): {check['item']}")
-            for i, call in enumerate(scenario.reference_solution):
-                step = (await sessions.call(sid, call.name, call.arguments)).record
-                if not step["ok"]:
-                    report.problems.append(f"{where}: reference_solution[{i}] {call.name}: {step['observation']}")
-            score = await sessions.score(sid)
-            # Thousands of scenarios (an imported benchmark) must not all stay in memory at once.
-            await sessions.delete(sid)
-        except ServiceError as exc:
-            report.problems.append(f"{where}: {exc.detail}")
-            continue
-        for check in score["checks"]:
-            if not check["passed"]:
-                reason = f" ({check['error']})" if check["error"] else ""
-                report.problems.append(f"{where}: check not passed after the reference solution: {check['item']}{reason}")
-        await _compare_rebuilt(pool, catalog, scenario, where, report)
+        await check_scenario(sessions, pool, catalog, scenario, report)
     return report
+
+
+def sessions_for(catalog: Catalog, pool: WorkerPool) -> Sessions:
+    """An engine over ``catalog`` with sessions in memory: what ``check_scenario`` replays through."""
+    store = MemoryStore()
+    return Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60)
+
+
+async def check_scenario(sessions: Sessions, pool: WorkerPool, catalog: Catalog, scenario: Scenario,
+                         report: Report) -> None:
+    """Replay ``scenario``'s reference solution as a session would (turn by turn for a turn-based one),
+    then again with a rebuild before every call; add what is wrong to ``report.problems``."""
+    where = f"{scenario.env_id}/{scenario.scenario_id}"
+    if scenario.reference_solution is None:
+        report.problems.append(f"{where}: no reference_solution")
+        return
+    if scenario.turns:
+        await _validate_turns(sessions, scenario, where, report)
+        await _compare_rebuilt(pool, catalog, scenario, where, report)
+        return
+    try:
+        created = await sessions.create(scenario.scenario_id, None, None)
+        sid = created.meta.session_id
+        before = await sessions.score(sid)
+        if before["total"] and before["passed"] == before["total"] and scenario.unchanged_is_correct:
+            report.notes.append(f"{where}: every check passes on the initial state, as declared "
+                                "(unchanged_is_correct: the correct outcome changes nothing)")
+        elif before["total"] and before["passed"] == before["total"]:
+            report.problems.append(f"{where}: every check already passes on the initial state "
+                                   "(an agent that does nothing scores 1.0)")
+        for check, item in zip(before["checks"], scenario.checklist, strict=True):
+            if not check["passed"] or item.kind == "keep":
+                continue  # a keep check is meant to pass on the initial state
+            if item.kind == "change":
+                report.problems.append(f"{where}: a 'change' check passes before any call, so it checks "
+                                       f"nothing the agent does: {check['item']}")
+            else:
+                report.notes.append(f"{where}: passes before any call (fine for a 'leave unchanged' "
+                                    f"check; give it kind 'keep' to say so): {check['item']}")
+        for i, call in enumerate(scenario.reference_solution):
+            step = (await sessions.call(sid, call.name, call.arguments)).record
+            if not step["ok"]:
+                report.problems.append(f"{where}: reference_solution[{i}] {call.name}: {step['observation']}")
+        score = await sessions.score(sid)
+        # Thousands of scenarios (an imported benchmark) must not all stay in memory at once.
+        await sessions.delete(sid)
+    except ServiceError as exc:
+        report.problems.append(f"{where}: {exc.detail}")
+        return
+    for check in score["checks"]:
+        if not check["passed"]:
+            reason = f" ({check['error']})" if check["error"] else ""
+            report.problems.append(f"{where}: check not passed after the reference solution: {check['item']}{reason}")
+    await _compare_rebuilt(pool, catalog, scenario, where, report)
 
 
 async def _validate_turns(sessions: Sessions, scenario: Scenario, where: str, report: Report) -> None:

@@ -40,6 +40,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         cmd.add_argument("--concurrency", type=int, metavar="N", help="items and LLM requests at once")
         cmd.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
         cmd.set_defaults(run=cmd_synth, stages=STAGES if name == "all" else (name,))
+    variants = stages.add_parser("variants", help="derive turn-based variants of validated scenarios: a tool that "
+                                                  "arrives in a later turn, or a value the user gives only when asked")
+    variants.add_argument("--kind", required=True, choices=("missing-tool", "missing-param"))
+    variants.add_argument("--config", required=True, type=Path, metavar="FILE", help="TOML or JSON run configuration")
+    variants.add_argument("--catalog", type=Path, metavar="DIR",
+                          help="the catalog whose scenarios to vary (default: the bundled one)")
+    variants.add_argument("--out", required=True, type=Path, metavar="DIR", help="catalog folder to write variants to")
+    variants.add_argument("--scenario", action="append", default=[], metavar="ID",
+                          help="only this scenario (repeatable); default: every scenario of the catalog")
+    variants.add_argument("--concurrency", type=int, metavar="N", help="scenarios and LLM requests at once")
+    variants.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
+    variants.set_defaults(run=cmd_variants)
 
 
 EXIT_OK, EXIT_CATALOG, EXIT_INPUT, EXIT_BARREN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -82,6 +94,24 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print(f"error: {barren.stage}: none of {barren.items} items was kept; the run stopped there", file=sys.stderr)
         return EXIT_BARREN
     return EXIT_OK if result.catalog_ok else EXIT_CATALOG
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    """0: variants written; 2: unusable configuration, catalog or scenario id; 3: none validated, or the
+    endpoint can serve no request."""
+    from synthesis.variants import run_command
+
+    try:
+        config = load_config(args.config).with_run(concurrency=args.concurrency)
+        return run_command(config, api_key(config), args.kind, args.catalog, args.out, args.scenario,
+                           use_cache=not args.no_cache)
+    except ConfigError as exc:
+        print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("\ninterrupted: variants validated so far are not written; answers are cached, so a rerun is cheap",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _spent(out: Path) -> str:

@@ -74,13 +74,56 @@ def test_a_tau_bench_split_prints_pass_hat_k(bench_server: Server, chat: Running
     assert lines[-1] == f"wrote 4 trajectories to {tmp_path / 'tau.jsonl'}"  # the train split was not run
 
 
-def test_bfcl_prints_accuracy(bench_server: Server, chat: Running, tmp_path: Path) -> None:
-    # (the all-at-once form: its task lists every turn, as this scripted agent expects)
-    scenario = "bfcl-multi-turn-base-0-all-at-once"
-    chat.script.reset({task(bench_server, scenario): BFCL_BASE_0})
-    lines = rollout(bench_server, chat, tmp_path / "bfcl.jsonl", "--scenario", scenario)
-    assert "BFCL multi-turn: accuracy 0.500 (1/2 episodes)" in lines
+# miss_param entry 0: the first turn leaves the title out (BFCL expects no call, only a question); the
+# second gives it. The first sample asks, then adds; the second guesses a title at once and fails turn 1.
+BFCL_MISS_PARAM_0: list[list[Turn]] = [
+    [{"content": "What should the note be titled?"},
+     {"tool_calls": [call("add_note", title="todo", text="buy milk")]},
+     {"content": "Added."}],
+    [{"tool_calls": [call("add_note", title="note", text="buy milk")]},
+     {"content": "Added."},
+     {"content": "It is titled 'note'."}],
+]
+
+
+def test_bfcl_prints_accuracy_per_category(bench_server: Server, chat: Running, tmp_path: Path) -> None:
+    """A turn-based miss_param entry and the all-at-once form of a base entry: each category's accuracy,
+    and the overall figure over BFCL's own categories only."""
+    all_at_once = "bfcl-multi-turn-base-0-all-at-once"
+    miss_param = "bfcl-multi-turn-miss-param-0"
+    chat.script.reset({task(bench_server, all_at_once): BFCL_BASE_0,
+                       task(bench_server, miss_param): BFCL_MISS_PARAM_0})
+    lines = rollout(bench_server, chat, tmp_path / "bfcl.jsonl", "--scenario", all_at_once,
+                    "--scenario", miss_param)
+    bfcl = [line for line in lines if line.startswith("BFCL")]
+    assert bfcl == ["BFCL multi-turn miss_param: accuracy 0.500 (1/2 episodes)",
+                    "BFCL multi-turn base_all_at_once: accuracy 0.500 (1/2 episodes)",
+                    "BFCL multi-turn overall: accuracy 0.500 (mean of 1 category)"]
     assert not any(line.startswith("tau-bench") for line in lines)
+
+
+def test_bfcl_overall_accuracy_is_the_unweighted_mean_of_its_categories() -> None:
+    """An entry counts only with reward 1.0 (every turn passed); a category with more episodes weighs
+    no more in the overall figure; ids that are not BFCL entries are shown apart."""
+    def record(scenario_id: str, reward: float) -> dict[str, object]:
+        return {"env_id": "bfcl_notes_api", "scenario_id": scenario_id, "reward": reward}
+
+    records = [record("bfcl-multi-turn-base-0", 1.0), record("bfcl-multi-turn-base-1", 1.0),
+               record("bfcl-multi-turn-base-2", 1.0), record("bfcl-multi-turn-base-3", 0.0),
+               record("bfcl-multi-turn-long-context-0", 0.0),
+               record("bfcl-multi-turn-miss-func-0", 1.0), record("bfcl-multi-turn-miss-func-1", 0.5),
+               record("bfcl-multi-turn-miss-param-0", 1.0),
+               record("bfcl-multi-turn-long-context-0-all-at-once", 1.0), record("bfcl-custom", 1.0)]
+
+    assert benchmark_lines(records) == [
+        "BFCL multi-turn base: accuracy 0.750 (3/4 episodes)",
+        "BFCL multi-turn long_context: accuracy 0.000 (0/1 episodes)",
+        "BFCL multi-turn miss_func: accuracy 0.500 (1/2 episodes)",
+        "BFCL multi-turn miss_param: accuracy 1.000 (1/1 episodes)",
+        "BFCL multi-turn long_context_all_at_once: accuracy 1.000 (1/1 episodes)",
+        "BFCL multi-turn other: accuracy 1.000 (1/1 episodes)",
+        "BFCL multi-turn overall: accuracy 0.562 (mean of 4 categories)",
+    ]
 
 
 def test_a_selection_that_matches_nothing_or_mixes_names_and_filters_runs_nothing(

@@ -316,3 +316,32 @@ def test_malformed_files_raise_catalog_error(
 def test_missing_file_raises_catalog_error(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read"):
         import_envscaler(tmp_path / "absent.json", None, tmp_path / "out")
+
+
+def test_round_trip_keeps_a_turn_based_scenarios_turns(tmp_path: Path) -> None:
+    """Turns, their tools, checks and per-turn solutions survive export and import unchanged."""
+    turns_catalog = _load(Path(__file__).resolve().parents[1] / "fixtures" / "turns")
+    original = turns_catalog.scenarios["turns-001"]
+    export_envscaler(turns_catalog, tmp_path / "envs.json", tmp_path / "scenarios.json")
+
+    exported = json.loads((tmp_path / "scenarios.json").read_text(encoding="utf-8"))
+    assert [t["message"] for t in exported[0]["turns"]] == [t.message for t in original.turns]
+    report = import_envscaler(tmp_path / "envs.json", tmp_path / "scenarios.json", tmp_path / "out")
+    again = _load(tmp_path / "out").scenarios["turns-001"]
+
+    assert report.skipped == []
+    assert again.turns == original.turns
+    assert again.turns[1].tools == ("archive",)
+    assert again.reference_solution == original.reference_solution
+    assert again.version == original.version
+
+
+def test_turns_that_are_not_a_list_skip_the_scenario(
+    tmp_path: Path, write_json: Callable[[str, Any], Path], released: tuple[dict[str, Any], list[Any]]
+) -> None:
+    envs, scenarios = released
+    scenarios[0]["turns"] = {"message": "not a list"}
+    report = import_envscaler(write_json("envs.json", envs), write_json("scenarios.json", scenarios), tmp_path / "out")
+
+    assert report.scenarios == 1
+    assert any("task_id 1" in r and "turns must be a list" in r for r in report.skipped), report.skipped

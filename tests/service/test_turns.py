@@ -224,6 +224,28 @@ async def test_mcp_listen_streams_hear_that_a_turn_brought_tools(store: tuple[Se
         assert "archive" in [t.name for t in (await mcp.list_tools()).tools]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("store", ["redis"], indirect=True)  # (a memory store is one replica's)
+async def test_a_listen_stream_on_another_replica_hears_that_a_turn_brought_tools(
+        store: tuple[Server, dict[str, str]], http: httpx.Client, tmp_path: Any) -> None:
+    """The turn ends on the first replica; the MCP client streams from a second one sharing its Redis."""
+    settings = dict(store[1])
+    url = settings.pop("redis")
+    sid = http.post("/v1/sessions", json={"scenario_id": SCENARIO}).json()["session_id"]
+    replica = start_server(tmp_path, redis_url=url, extra_env=settings, catalogs=(TURNS,))
+    try:
+        async with MCPClient(f"{replica.url}/v1/sessions/{sid}/mcp", mode="auto") as mcp, \
+                mcp.listen(tools_list_changed=True) as stream, \
+                httpx.AsyncClient(base_url=store[0].url) as first:
+            assert "archive" not in [t.name for t in (await mcp.list_tools()).tools]
+            assert (await first.post(f"/v1/sessions/{sid}/turns")).json()["turn"] == 1
+            with anyio.fail_after(30):
+                assert isinstance(await stream.__anext__(), ToolsListChanged)
+            assert "archive" in [t.name for t in (await mcp.list_tools()).tools]
+    finally:
+        replica.stop()
+
+
 def test_openenv_episodes_end_turns(store: tuple[Server, dict[str, str]]) -> None:
     with httpx.Client(base_url=f"{store[0].url}/openenv/turn_notes", timeout=60) as env:
         opened = env.post("/reset", json={"scenario_id": SCENARIO}).json()["observation"]

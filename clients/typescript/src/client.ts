@@ -31,6 +31,11 @@ export type MessageStep = Schemas["MessageStep"];
 export type StateView = Schemas["StateView"];
 export type Trajectory = Schemas["Trajectory"];
 export type Score = Schemas["Score"];
+export type TurnEnd = Schemas["TurnEnd"];
+export type TurnView = Schemas["TurnView"];
+export type TurnResult = Schemas["TurnResult"];
+export type TurnScore = Schemas["TurnScore"];
+export type TurnSpec = Schemas["TurnSpec"];
 
 /** One HTTP exchange as the client saw it. */
 export interface Reply {
@@ -210,6 +215,28 @@ export class EnvfoundryClient {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/messages`, { json: body, headers: keyed(once) });
   }
 
+  /**
+   * Turn-based scenarios: the turn in progress (`null` once `done`), its user message and the tools
+   * available in it. Throws NotTurnBasedError for a session whose scenario has no turns.
+   */
+  turn(sessionId: string): Promise<TurnView> {
+    return this.json("GET", `/v1/sessions/${seg(sessionId)}/turns`);
+  }
+
+  /**
+   * Turn-based scenarios: end the turn in progress, with the agent's closing message if any (the
+   * turn's checks read it). The answer is the next user message and the tools that arrive with it,
+   * or `done` after the last turn. Throws TurnsEndedError once every turn has ended and
+   * NotTurnBasedError for a session without turns.
+   */
+  endTurn(sessionId: string, content?: string, once?: Once): Promise<TurnResult> {
+    return this.endTurnWith(sessionId, content === undefined ? {} : { content }, once);
+  }
+
+  endTurnWith(sessionId: string, body: TurnEnd, once?: Once): Promise<TurnResult> {
+    return this.json("POST", `/v1/sessions/${seg(sessionId)}/turns`, { json: body, headers: keyed(once) });
+  }
+
   /** The current state, or with `step` the state after that step (0: the initial state). */
   state(sessionId: string, step?: number): Promise<StateView> {
     return this.json("GET", `/v1/sessions/${seg(sessionId)}/state${query({ step })}`);
@@ -220,7 +247,8 @@ export class EnvfoundryClient {
     return this.json("GET", `/v1/sessions/${seg(sessionId)}/trajectory${query(page)}`);
   }
 
-  /** Score against the scenario's checks; the session goes on. */
+  /** Score against the scenario's checks; the session goes on. A turn-based session's score has each
+   * turn's checks in `turns` and the episode's reward under `aggregation`. */
   score(sessionId: string): Promise<Score> {
     return this.json("POST", `/v1/sessions/${seg(sessionId)}/score`);
   }

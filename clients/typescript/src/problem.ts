@@ -15,6 +15,8 @@
  *     ├── QuotaExceededError       429 urn:envfoundry:problem:quota-exceeded
  *     ├── NotConversationError     409 urn:envfoundry:problem:not-conversation
  *     ├── ConversationEndedError   409 urn:envfoundry:problem:conversation-ended
+ *     ├── NotTurnBasedError        409 urn:envfoundry:problem:not-turn-based
+ *     ├── TurnsEndedError          409 urn:envfoundry:problem:turns-ended
  *     ├── UserLLMFailedError       502 urn:envfoundry:problem:user-llm-failed
  *     ├── UnavailableError         503 urn:envfoundry:problem:unavailable
  *     └── UserLLMUnavailableError  503 urn:envfoundry:problem:user-llm-unavailable
@@ -72,6 +74,8 @@ export class LimitExceededError extends ProblemError {}
 export class QuotaExceededError extends ProblemError {}
 export class NotConversationError extends ProblemError {}
 export class ConversationEndedError extends ProblemError {}
+export class NotTurnBasedError extends ProblemError {}
+export class TurnsEndedError extends ProblemError {}
 export class UserLLMFailedError extends ProblemError {}
 export class UnavailableError extends ProblemError {}
 export class UserLLMUnavailableError extends ProblemError {}
@@ -90,6 +94,8 @@ const BY_SLUG: Record<string, new (status: number, body: Record<string, unknown>
   "quota-exceeded": QuotaExceededError,
   "not-conversation": NotConversationError,
   "conversation-ended": ConversationEndedError,
+  "not-turn-based": NotTurnBasedError,
+  "turns-ended": TurnsEndedError,
   "user-llm-failed": UserLLMFailedError,
   unavailable: UnavailableError,
   "user-llm-unavailable": UserLLMUnavailableError,

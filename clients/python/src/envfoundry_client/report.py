@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -154,8 +155,8 @@ def pass_hat_k(records: list[JSON]) -> list[float]:
 
 
 def benchmark_lines(records: list[JSON]) -> list[str]:
-    """Each imported benchmark's own metric: pass^k for tau-bench, accuracy (the share of episodes
-    whose every check passed, as BFCL counts an entry correct) for BFCL."""
+    """Each imported benchmark's own metric: pass^k for tau-bench, BFCL's accuracy per category for BFCL
+    (see ``bfcl_lines``)."""
     lines = []
     tau = [r for r in records if str(r["env_id"]).startswith(TAU_BENCH_PREFIX)]
     if tau:
@@ -164,6 +165,45 @@ def benchmark_lines(records: list[JSON]) -> list[str]:
         lines.append(f"tau-bench: {scores} ({tasks} tasks, {len(tau)} episodes)")
     bfcl = [r for r in records if str(r["env_id"]).startswith(BFCL_PREFIX)]
     if bfcl:
-        correct = sum(_success(r) for r in bfcl)
-        lines.append(f"BFCL multi-turn: accuracy {correct / len(bfcl):.3f} ({correct}/{len(bfcl)} episodes)")
+        lines += bfcl_lines(bfcl)
+    return lines
+
+
+# ``import-bfcl`` names a scenario after its entry: ``bfcl-multi-turn-{category}-{n}``, with
+# ``-all-at-once`` for the form that gives every turn in the task.
+BFCL_CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+_BFCL_ID = re.compile(r"^bfcl-multi-turn-(base|long-context|miss-func|miss-param)-\d+(-all-at-once)?$")
+
+
+def bfcl_category(scenario_id: str) -> str:
+    """The BFCL category of an imported scenario: one of ``BFCL_CATEGORIES``, that name with
+    ``_all_at_once`` for the all-at-once form, or ``other``."""
+    match = _BFCL_ID.match(scenario_id)
+    if match is None:
+        return "other"
+    return match.group(1).replace("-", "_") + ("_all_at_once" if match.group(2) else "")
+
+
+def bfcl_lines(records: list[JSON]) -> list[str]:
+    """BFCL's accuracy as BFCL computes it: an entry is correct when every one of its turns passed (a
+    turn-based episode's reward is 1.0 only then), accuracy is the share of correct episodes in each
+    category, and the overall multi-turn accuracy is the unweighted mean of the categories' accuracies,
+    so a category with more entries weighs no more. The all-at-once forms and any other scenario are
+    shown apart and left out of the overall figure: they are not BFCL's protocol."""
+    by_category: dict[str, list[JSON]] = defaultdict(list)
+    for r in records:
+        by_category[bfcl_category(str(r["scenario_id"]))].append(r)
+    order = [*BFCL_CATEGORIES, *(f"{c}_all_at_once" for c in BFCL_CATEGORIES), "other"]
+    lines = []
+    accuracies = []
+    for category in (c for c in order if c in by_category):
+        group = by_category[category]
+        correct = sum(_success(r) for r in group)
+        accuracy = correct / len(group)
+        if category in BFCL_CATEGORIES:
+            accuracies.append(accuracy)
+        lines.append(f"BFCL multi-turn {category}: accuracy {accuracy:.3f} ({correct}/{len(group)} episodes)")
+    if accuracies:
+        lines.append(f"BFCL multi-turn overall: accuracy {sum(accuracies) / len(accuracies):.3f} "
+                     f"(mean of {len(accuracies)} categor{'y' if len(accuracies) == 1 else 'ies'})")
     return lines
