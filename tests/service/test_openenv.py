@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,3 +289,15 @@ def test_a_reset_seed_makes_the_episode_reproducible_as_gymnasium_reset_does(ser
         assert first != second
     too_big = httpx.post(f"{base(server, env_id)}/reset", json={"seed": 2**63})
     assert too_big.status_code == 422 and too_big.json()["field"] == "seed"
+
+
+def test_a_reset_with_an_idle_ttl_opens_an_episode_reaped_after_it(server: Server) -> None:
+    with httpx.Client(base_url=base(server), timeout=60) as http:
+        opened = http.post("/reset", json={"scenario_id": "lib-001", "idle_ttl_seconds": 1}).json()
+        episode = opened["observation"]["episode_id"]
+        assert httpx.get(f"{server.url}/v1/sessions/{episode}").status_code == 200
+        time.sleep(1.5)  # what a killed trainer leaves: no step, no close
+        assert httpx.get(f"{server.url}/v1/sessions/{episode}").status_code == 404
+        for bad in (0, "soon", 10**9):
+            refused = http.post("/reset", json={"scenario_id": "lib-001", "idle_ttl_seconds": bad})
+            assert refused.status_code == 422 and "idle_ttl_seconds" in refused.text, refused.text

@@ -50,6 +50,7 @@ class EnvfoundryData(vf.TaskData):
     base_url: str
     env_id: str
     scenario_id: str
+    idle_ttl_seconds: float | None = None
 
 
 class EnvfoundryState(vf.State):
@@ -63,6 +64,9 @@ class EnvfoundryTasksetConfig(vf.TasksetConfig):
     """Environments whose scenarios are tasks (empty: every environment of the catalog)."""
     scenario_ids: list[str] = Field(default_factory=list)
     """Only these scenarios, in this order (empty: all of the chosen environments)."""
+    idle_ttl_seconds: float | None = Field(default=None, ge=1)
+    """Each rollout's session expires this long after its last call (None: ``ENVFOUNDRY_SESSION_IDLE_SECONDS``,
+    else the service's TTL), so what a killed run leaves is reaped soon."""
 
 
 class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
@@ -73,7 +77,7 @@ class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
     async def setup(self, trace: vf.Trace) -> None:
         """Open this rollout's session on the scenario."""
         async with AsyncClient(self.data.base_url) as ef:
-            session = await ef.create_session(self.data.scenario_id)
+            session = await ef.create_session(self.data.scenario_id, idle_ttl_seconds=self.data.idle_ttl_seconds)
             leases.hold(ef.config, session.session_id)  # deleted at exit or on SIGTERM if cleanup never runs
         trace.state.session_id = session.session_id
         trace.info["envfoundry_session_id"] = session.session_id  # the state is not saved with the trace
@@ -116,7 +120,8 @@ class EnvfoundryTaskset(vf.Taskset[EnvfoundryTask, EnvfoundryTasksetConfig]):
             system = f"{environment.introduction}\n\nRules:\n{rules}" if rules else environment.introduction
             yield EnvfoundryTask(EnvfoundryData(
                 id=scenario.scenario_id, name=scenario.scenario_id, prompt=scenario.task, system_prompt=system,
-                base_url=base_url, env_id=scenario.env_id, scenario_id=scenario.scenario_id), self.config.task)
+                base_url=base_url, env_id=scenario.env_id, scenario_id=scenario.scenario_id,
+                idle_ttl_seconds=self.config.idle_ttl_seconds), self.config.task)
 
 
 class EnvfoundryHarnessConfig(vf.HarnessConfig):
