@@ -254,7 +254,7 @@ class Episodes:
             if content is not None and not isinstance(content, str):
                 raise InvalidRequest("end_turn's content must be a string", field="action.content")
             answer, replayed = await self.engine.turns.end(episode_id, content, key=key, tenant=self.tenant)
-            return {"observation": {**answer, "replayed": replayed}, "reward": await self._reward(episode_id),
+            return {"observation": {**answer, "replayed": replayed}, "reward": await self.reward(episode_id),
                     "done": answer["done"]}
         if kind == "call_tool":
             return await self._call(episode_id, action, key, snap.meta.done)
@@ -265,7 +265,7 @@ class Episodes:
             applied = await self.engine.message(episode_id, content, key=key, tenant=self.tenant)
             record = applied.record
             return {"observation": {"step": record["step"], "reply": record["reply"]},
-                    "reward": await self._reward(episode_id), "done": record["done"]}
+                    "reward": await self.reward(episode_id), "done": record["done"]}
         raise InvalidRequest("action.type must be 'call_tool', 'list_tools', 'send_message' or 'end_turn'",
                              field="action.type")
 
@@ -277,11 +277,27 @@ class Episodes:
         if not isinstance(arguments, dict | str):
             raise InvalidRequest("action.arguments must be an object (or its JSON text)", field="action.arguments")
         applied = await calls.run(self.engine, calls.ToolCall(episode_id, name, arguments, key, self.tenant))
-        return {"observation": call_observation(applied), "reward": await self._reward(episode_id), "done": done}
+        return {"observation": call_observation(applied), "reward": await self.reward(episode_id), "done": done}
 
-    async def _reward(self, episode_id: str) -> float | None:
+    async def reward(self, episode_id: str) -> float | None:
+        """The episode's score now (None: its scenario has no checks)."""
         reward: float | None = (await self.engine.score(episode_id, tenant=self.tenant))["reward"]
         return reward
+
+    async def step_fresh(self, action: Any) -> dict[str, Any]:
+        """Step an episode made for this one action, then end it: OpenEnv's HTTP ``/step`` without
+        an episode (its servers build a throwaway environment per request, step it, close it). The
+        fresh episode is the one a reset without arguments opens (seed 0), so the answer is what
+        that action does first thing in it; nothing of it stays.
+
+        Raises:
+            as ``reset`` and ``step``.
+        """
+        opened = await self.reset({})
+        try:
+            return await self.step(opened.session_id, action)
+        finally:
+            await self.end(opened.session_id)
 
     async def state(self, episode_id: str) -> dict[str, Any]:
         """OpenEnv's State (episode_id, step_count) with the session's state view under ``state``."""
