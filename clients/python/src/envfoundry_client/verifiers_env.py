@@ -42,6 +42,7 @@ from envfoundry_client import leases
 from envfoundry_client.client import AsyncClient, Client
 from envfoundry_client.errors import EnvfoundryError, NotFound
 from envfoundry_client.models import Score
+from envfoundry_client.text_calls import parse
 
 JSON = dict[str, Any]
 
@@ -126,7 +127,9 @@ class EnvfoundryTaskset(vf.Taskset[EnvfoundryTask, EnvfoundryTasksetConfig]):
 
 class EnvfoundryHarnessConfig(vf.HarnessConfig):
     max_turns: int = Field(40, ge=1)
-    """Model turns a rollout may take before the loop stops it (``--env.agent.max-turns`` also applies)."""
+    """Model turns a rollout may take before the loop stops it. verifiers parses the harness's own flags
+    only when the harness is named (``--env.agent.harness.id envfoundry-verifiers
+    --env.agent.harness.max-turns N``); ``--env.agent.max-turns N`` works without it."""
     model_timeout: float = Field(300.0, gt=0)
     """Seconds to wait for one model answer."""
 
@@ -163,7 +166,13 @@ class EnvfoundryHarness(vf.Harness[EnvfoundryHarnessConfig]):
                 messages.append({"role": "assistant", "content": message.get("content"),
                                  **({"tool_calls": calls} if calls else {})})
                 if not calls:
-                    return vf.ProgramResult(0, message.get("content") or "", "")
+                    written = await _text_calls(ef, session_id, message.get("content") or "")
+                    if isinstance(written, vf.ProgramResult):
+                        return written
+                    if written is None:
+                        return vf.ProgramResult(0, message.get("content") or "", "")
+                    messages.append(written)
+                    continue
                 for call in calls:
                     function = call.get("function") or {}
                     # a refused or malformed call is the environment's observation: the model sees it;
@@ -203,6 +212,27 @@ class EnvfoundryEnvConfig(vf.EnvConfig):
 class EnvfoundryEnv(vf.Env[EnvfoundryEnvConfig]):
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
         await agents.agent.run(task)
+
+
+async def _text_calls(ef: AsyncClient, session_id: str, content: str) -> JSON | vf.ProgramResult | None:
+    """Run the calls a model wrote as ``<tool_call>`` text (see ``text_calls``), in order; their
+    observations go back as one user message of ``<tool_response>`` blocks, as the chat templates
+    of such models render tool results. None: the text holds no call (the answer). A block that is
+    not a call is answered with why, and costs the session nothing."""
+    _, written = parse(content)
+    if not written:
+        return None
+    responses = []
+    for call in written:
+        if call.name is None:
+            responses.append(f"<tool_response>\nError: {call.problem}; nothing was called.\n</tool_response>")
+            continue
+        try:
+            result = await ef.call(session_id, call.name, call.arguments)
+        except EnvfoundryError as exc:
+            return vf.ProgramResult(1, "", _service_failure(session_id, exc))
+        responses.append(f"<tool_response>\n{result.observation}\n</tool_response>")
+    return {"role": "user", "content": "\n".join(responses)}
 
 
 def _session(trace: vf.Trace) -> str:
