@@ -322,7 +322,8 @@ async def create_session(body: schemas.SessionCreate, request: Request, response
 
     async def run() -> dict[str, Any]:
         return created_body(await engine.create(body.scenario_id, body.env_id, body.init_config, n=n, mode=body.mode,
-                                                tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds))
+                                                tenant=who.tenant, seed=body.seed, group_seeds=body.group_seeds,
+                                                idle_ttl=body.idle_ttl_seconds))
 
     raw = await request.body() if key is not None else b""  # (read already: starlette keeps it)
     return await _once(request, response, key, "create", lambda: _create_fingerprint(body, raw), run, who.tenant)

@@ -58,7 +58,7 @@ class MemoryStore:
         if entry.expires_at <= now:
             self._drop(session_id)
             return None
-        entry.expires_at = now + self.ttl
+        entry.expires_at = now + entry.meta.ttl(self.ttl)
         return entry
 
     def _sweep(self, now: float) -> None:
@@ -96,7 +96,7 @@ class MemoryStore:
             initial = shared
         for meta in metas:
             self._drop(meta.session_id)  # (a create never extends what an old session left)
-            entry = _Entry(replace(meta), own, initial, list(trajectory), time.time() + self.ttl)
+            entry = _Entry(replace(meta), own, initial, list(trajectory), time.time() + meta.ttl(self.ttl))
             if base is not None:
                 entry.base = self._use(base, initial)
                 entry.state_base = self._use(base, initial) if own is None else None
@@ -202,7 +202,8 @@ class MemoryStore:
         self._reserve(source.tenant, each * len(metas), quota)
         for meta in metas:
             self._drop(meta.session_id)
-            copied = _Entry(replace(meta), entry.state, entry.initial, list(entry.trajectory), time.time() + self.ttl,
+            copied = _Entry(replace(meta), entry.state, entry.initial, list(entry.trajectory),
+                            time.time() + meta.ttl(self.ttl),
                             fields=dict(entry.fields), delta_bytes=entry.delta_bytes)
             if entry.base is not None:
                 copied.base = self._use(entry.base, entry.initial)
@@ -234,7 +235,7 @@ class MemoryStore:
                      rebase: str = "", unlocked: bool = False) -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
-            self._live[tenant][session_id] = time.time() + self.ttl
+            self._live[tenant][session_id] = entry.expires_at if entry is not None else time.time() + self.ttl
         if entry is None or entry.meta.step != expected_step:
             return False
         if unlocked and (session_id in self._locks or idempotency is not None and idempotency[0] in entry.idempotency):
@@ -303,12 +304,12 @@ class MemoryStore:
         async with self._locks.hold(session_id, wait):
             yield
 
-    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+    async def admit(self, tenant: str, session_ids: list[str], limit: int, ttl: float | None = None) -> int | None:
         now = time.time()
         live = self._settled(tenant, now)
         if len(live) + len(session_ids) > limit:
             return len(live)
-        live.update({sid: now + self.ttl for sid in session_ids})
+        live.update({sid: now + (self.ttl if ttl is None else ttl) for sid in session_ids})
         return None
 
     def _settled(self, tenant: str, now: float) -> dict[str, float]:

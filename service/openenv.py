@@ -15,7 +15,8 @@ Mapping onto OpenEnv's shapes:
 - ``reset`` takes ``scenario_id`` or ``seed`` (the scenario at ``seed`` modulo the number of the
   environment's scenarios, in id order; neither means seed 0; a seed given also seeds the
   episode's randomness, as ``POST /v1/sessions`` does), ``mode`` (``task`` or
-  ``conversation``), or ``episode_id`` to continue an episode where it is.
+  ``conversation``), ``idle_ttl_seconds`` (the episode expires that long after its last step, as
+  on ``POST /v1/sessions``), or ``episode_id`` to continue an episode where it is.
 - ``step`` takes ``{"type": "call_tool", "tool_name", "arguments"}``, ``{"type": "list_tools"}``
   or, in conversation mode, ``{"type": "send_message", "content"}``. Its ``reward`` is the
   session's score at that step; ``done`` is true once the simulated user ended the conversation
@@ -44,7 +45,7 @@ from service.versions import split
 TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "invalid_arguments": "invalid_args", "timeout": "timeout",
                     "tool_exception": "execution_error", "resource_limit": "execution_error",
                     "sandbox_error": "execution_error"}
-RESET_FIELDS = frozenset({"scenario_id", "seed", "mode", "episode_id", "init_config"})
+RESET_FIELDS = frozenset({"scenario_id", "seed", "mode", "episode_id", "init_config", "idle_ttl_seconds"})
 MODES = ("task", "conversation")
 # JSON-RPC 2.0 codes.
 INVALID_REQUEST = -32600
@@ -73,6 +74,15 @@ def mcp_tools(env: Environment, tools: list[dict[str, Any]] | None = None) -> li
     return [{"name": t["function"]["name"], "description": t["function"].get("description") or "",
              "inputSchema": t["function"].get("parameters") or {"type": "object", "properties": {}}}
             for t in (env.tools if tools is None else tools)]
+
+
+def _idle_ttl(value: Any) -> float | None:
+    """Raises InvalidRequest: not a number of seconds, 1 or more (the longest is the engine's to check)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+        raise InvalidRequest("idle_ttl_seconds must be a number of seconds, 1 or more", field="idle_ttl_seconds")
+    return float(value)
 
 
 @dataclass
@@ -144,8 +154,9 @@ class Episodes:
         # As gymnasium's reset(seed=...) does, a seed the caller gave also makes the episode's draws
         # reproducible (the session's seed); without one, its draws are its own.
         drawn = data.get("seed")
+        idle = _idle_ttl(data.get("idle_ttl_seconds"))
         if current is not None:
-            kept = await self._fresh(current, scenario, mode, drawn)
+            kept = await self._fresh(current, scenario, mode, drawn, idle)
             if kept is not None:
                 return Opened(current, await self._continued(kept))
         init_config = data.get("init_config")
@@ -155,13 +166,13 @@ class Episodes:
         scenario_id = scenario.scenario_id if scenario else None
         try:
             created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant,
-                                               seed=drawn)
+                                               seed=drawn, idle_ttl=idle)
         except QuotaExceeded:
             if current is None or not owned:
                 raise
             await self.end(current)
             created = await self.engine.create(scenario_id, self.env_id, init_config, mode=mode, tenant=self.tenant,
-                                               seed=drawn)
+                                               seed=drawn, idle_ttl=idle)
         meta = created.meta
         observation = self._opening(env, scenario, meta.session_id, mode, meta.opening, step=0, turn=0)
         observation["seed"] = seed
@@ -188,14 +199,14 @@ class Episodes:
         return scenarios[seed % len(scenarios)], seed
 
     async def _fresh(self, current: str, scenario: Scenario | None, mode: str,
-                     seed: int | None) -> Snapshot | None:
+                     seed: int | None, idle_ttl: float | None) -> Snapshot | None:
         try:
             snap = await self.episode(current)
         except ServiceError:
             return None
         meta = snap.meta
         same = scenario is not None and meta.scenario_id == scenario.scenario_id and meta.mode == mode \
-            and meta.seed == seed
+            and meta.seed == seed and meta.idle_ttl == idle_ttl
         return snap if same and meta.step == 0 else None
 
     async def _continued(self, snap: Snapshot) -> dict[str, Any]:
@@ -243,7 +254,7 @@ class Episodes:
             if content is not None and not isinstance(content, str):
                 raise InvalidRequest("end_turn's content must be a string", field="action.content")
             answer, replayed = await self.engine.turns.end(episode_id, content, key=key, tenant=self.tenant)
-            return {"observation": {**answer, "replayed": replayed}, "reward": await self._reward(episode_id),
+            return {"observation": {**answer, "replayed": replayed}, "reward": await self.reward(episode_id),
                     "done": answer["done"]}
         if kind == "call_tool":
             return await self._call(episode_id, action, key, snap.meta.done)
@@ -254,7 +265,7 @@ class Episodes:
             applied = await self.engine.message(episode_id, content, key=key, tenant=self.tenant)
             record = applied.record
             return {"observation": {"step": record["step"], "reply": record["reply"]},
-                    "reward": await self._reward(episode_id), "done": record["done"]}
+                    "reward": await self.reward(episode_id), "done": record["done"]}
         raise InvalidRequest("action.type must be 'call_tool', 'list_tools', 'send_message' or 'end_turn'",
                              field="action.type")
 
@@ -266,11 +277,27 @@ class Episodes:
         if not isinstance(arguments, dict | str):
             raise InvalidRequest("action.arguments must be an object (or its JSON text)", field="action.arguments")
         applied = await calls.run(self.engine, calls.ToolCall(episode_id, name, arguments, key, self.tenant))
-        return {"observation": call_observation(applied), "reward": await self._reward(episode_id), "done": done}
+        return {"observation": call_observation(applied), "reward": await self.reward(episode_id), "done": done}
 
-    async def _reward(self, episode_id: str) -> float | None:
+    async def reward(self, episode_id: str) -> float | None:
+        """The episode's score now (None: its scenario has no checks)."""
         reward: float | None = (await self.engine.score(episode_id, tenant=self.tenant))["reward"]
         return reward
+
+    async def step_fresh(self, action: Any) -> dict[str, Any]:
+        """Step an episode made for this one action, then end it: OpenEnv's HTTP ``/step`` without
+        an episode (its servers build a throwaway environment per request, step it, close it). The
+        fresh episode is the one a reset without arguments opens (seed 0), so the answer is what
+        that action does first thing in it; nothing of it stays.
+
+        Raises:
+            as ``reset`` and ``step``.
+        """
+        opened = await self.reset({})
+        try:
+            return await self.step(opened.session_id, action)
+        finally:
+            await self.end(opened.session_id)
 
     async def state(self, episode_id: str) -> dict[str, Any]:
         """OpenEnv's State (episode_id, step_count) with the session's state view under ``state``."""

@@ -2,7 +2,7 @@
 
     WS   /ws        one connection, one episode at a time: reset, step, state, mcp, close messages
     POST /reset     open an episode (or continue one by episode_id); answers its episode_id
-    POST /step      {action, episode_id, request_id?}
+    POST /step      {action, episode_id, request_id?}; without episode_id, one action on a throwaway episode
     GET  /state     ?episode_id=
     GET  /schema    action, observation and state JSON Schemas (the action's names every tool)
     GET  /metadata  name, description, rules, tools and scenarios
@@ -11,7 +11,9 @@
     POST /mcp       JSON-RPC (see service/openenv_rpc.py)
 
 OpenEnv's own servers answer HTTP ``/reset`` and ``/step`` from a throwaway environment per
-request; here an HTTP episode is a stored session, so ``/step`` names its ``episode_id``.
+request; here an HTTP episode is a stored session, so ``/step`` names its ``episode_id`` to go on
+with one. A ``/step`` without it is OpenEnv's stateless simulation: a fresh episode (what a reset
+without arguments opens) takes the action and is ended.
 
 Every endpoint takes the API key REST takes (scope ``run``) and sees only the key's tenant. The
 WebSocket authenticates its upgrade request the same way, before accepting it: a refused upgrade
@@ -83,8 +85,8 @@ def _episodes(request: Request, env_id: str, who: Principal) -> Episodes:
 
 def _episode_id(value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidRequest("episode_id is required: this server keeps episodes, so step and state name the "
-                             "one reset answered", field="episode_id")
+        raise InvalidRequest("episode_id must name the episode reset answered (a string): this server keeps "
+                             "episodes, so state names one, and a step goes on with one", field="episode_id")
     return value
 
 
@@ -100,7 +102,10 @@ async def step(request: Request, env_id: str, body: dict[str, Any] = Body(...), 
     key = checked_key(body.get("request_id"), "request_id") or checked_key(header_key, idempotency.HEADER)
     if "action" not in body:
         raise InvalidRequest("step needs an action", field="action")
-    return await _episodes(request, env_id, who).step(_episode_id(body.get("episode_id")), body["action"], key)
+    episodes = _episodes(request, env_id, who)
+    if body.get("episode_id") is None:
+        return await episodes.step_fresh(body["action"])
+    return await episodes.step(_episode_id(body.get("episode_id")), body["action"], key)
 
 
 @router.get("/state")

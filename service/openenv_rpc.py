@@ -5,6 +5,11 @@ session): ``openenv/session/create`` opens an episode and answers its ``session_
 episode id), ``tools/list`` and ``tools/call`` name it in ``params.session_id`` (a WebSocket
 binds it instead), ``openenv/session/close`` ends it. Service errors are JSON-RPC errors whose
 ``data`` is the problem body REST would send; a tool failure is a result with ``isError``.
+
+A ``tools/call`` result carries the episode's ``reward`` and ``done`` after the call, as OpenEnv's
+own MCP environments answer it (their result is the step's ``CallToolObservation``, reward and done
+included), and its ``data`` carries them too, because ``data`` is what ``MCPToolClient.call_tool``
+returns: a trainer on the MCP door reads its reward there, as it would from OpenEnv's.
 """
 
 from __future__ import annotations
@@ -95,11 +100,12 @@ async def _call(episodes: Episodes, params: dict[str, Any], bound: str | None) -
     arguments = params.get("arguments") or {}
     meta = params.get("_meta")
     key = checked_key(meta.get(KEY_META) if isinstance(meta, dict) else None, f"_meta.{KEY_META}")
-    await episodes.episode(episode_id)
+    snap = await episodes.episode(episode_id)
     applied = await calls.run(episodes.engine, calls.ToolCall(episode_id, name, arguments, key, episodes.tenant))
     observation = call_observation(applied)
+    outcome = {"reward": await episodes.reward(episode_id), "done": snap.meta.done}
     view = calls.view(applied)
     # ``data`` is what OpenEnv's MCPToolClient.call_tool returns: the whole call record, so a failed call
-    # says why instead of looking like an empty result.
+    # says why instead of looking like an empty result, with the reward and done after it.
     return {"content": [{"type": "text", "text": observation["text"]}], "structuredContent": view,
-            "isError": not applied.record["ok"], "data": view}
+            "isError": not applied.record["ok"], "data": {**view, **outcome}, **outcome}

@@ -59,15 +59,26 @@ local function touch_bases(meta, ttl)
 end
 """
 
+# A session's idle TTL in ms: its own (``SessionMeta.idle_ttl``, in seconds) or the store's. Every
+# script that refreshes a session's keys asks it, so no refresh can stretch a short-lived session.
+SESSION_TTL = """
+local function session_ttl(meta, default)
+  local own = redis.call('HGET', meta, 'idle_ttl')
+  if own and own ~= '' then return math.floor(tonumber(own) * 1000) end
+  return tonumber(default)
+end
+"""
+
 # Compare-and-set on the step: a stale caller can never apply a step twice.
 # The idempotency key is written in the same script, so a step and the record of which request
 # made it exist together or not at all.
-COMMIT = TOUCH_BASES + """
+COMMIT = TOUCH_BASES + SESSION_TTL + """
 local mode = ARGV[2]  -- '0' the state stays, '1' a new state, '2' a delta, '3' a new base (ARGV[3] names it)
 local result = 1
 local grown = 0
 local dgrown = 0
 local nset = tonumber(ARGV[17])
+local ttl = session_ttl(KEYS[1], ARGV[5])
 local function state_size()
   if redis.call('EXISTS', KEYS[2]) == 1 then return redis.call('STRLEN', KEYS[2]) end
   return tonumber(redis.call('HGET', KEYS[1], 'base_bytes') or '0') + tonumber(redis.call('HGET', KEYS[1], 'delta_bytes') or '0')
@@ -125,8 +136,8 @@ if result == 1 then
   redis.call('HINCRBY', KEYS[1], 'step', 1)
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'done', '1') end
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[8]) end
-  for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-  redis.call('PEXPIRE', KEYS[7], ARGV[5])
+  for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  redis.call('PEXPIRE', KEYS[7], ttl)
   if ARGV[14] == '1' then touch_bases(KEYS[1], ARGV[13]) end
   if #KEYS == 10 then
     redis.call('HINCRBY', KEYS[9], ARGV[10], grown)
@@ -134,12 +145,13 @@ if result == 1 then
   end
 end
 if ARGV[9] ~= '' and redis.call('GET', KEYS[6]) == ARGV[9] then redis.call('DEL', KEYS[6]) end
-if #KEYS >= 8 then redis.call('ZADD', KEYS[8], 'XX', ARGV[11], ARGV[10]) end
-return {result, grown}
+-- (ARGV[11] is when the store's TTL would end it; a session with its own ends sooner or later)
+if #KEYS >= 8 then redis.call('ZADD', KEYS[8], 'XX', tonumber(ARGV[11]) - tonumber(ARGV[5]) + ttl, ARGV[10]) end
+return {result, grown, ttl}
 """
 
 # Copy a session server-side into fresh ids (a fork): nothing crosses to the API but the ids.
-FORK = TOUCH_BASES + """
+FORK = TOUCH_BASES + SESSION_TTL + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 touch_bases(KEYS[1], ARGV[4])
 local from = {1, 2, 3, 4, 6}  -- the source's meta, state, initial, trajectory, delta: where each goes
@@ -150,30 +162,33 @@ for i = 1, #ARGV - 4 do
     if redis.call('EXISTS', KEYS[j]) == 1 then redis.call('COPY', KEYS[j], KEYS[base + from[j]]) end
   end
   redis.call('HSET', KEYS[base + 1], 'session_id', ARGV[4 + i], 'created_at', ARGV[2], 'parent_id', ARGV[3])
-  for j = 1, 6 do redis.call('PEXPIRE', KEYS[base + j], ARGV[1]) end
+  local ttl = session_ttl(KEYS[base + 1], ARGV[1])  -- (the copy keeps its source's idle TTL)
+  for j = 1, 6 do redis.call('PEXPIRE', KEYS[base + j], ttl) end
 end
 return 1
 """
 
 # Take a session's call lock and read its meta in one step; false while another caller holds it.
 # A session that does not exist leaves no lock behind.
-BEGIN = TOUCH_BASES + """
+BEGIN = TOUCH_BASES + SESSION_TTL + """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
 local meta = redis.call('HGETALL', KEYS[2])
 if #meta == 0 then
   redis.call('DEL', KEYS[1])
   return meta
 end
-for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+local ttl = session_ttl(KEYS[2], ARGV[3])
+for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
 if ARGV[5] == '1' then touch_bases(KEYS[2], ARGV[4]) end
 return meta
 """
 
 # A session's meta, its keys' TTL refreshed (and its bases', where ``touch`` is '1').
-REFRESH = TOUCH_BASES + """
+REFRESH = TOUCH_BASES + SESSION_TTL + """
 local meta = redis.call('HGETALL', KEYS[1])
 if #meta == 0 then return meta end
-for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+local ttl = session_ttl(KEYS[1], ARGV[1])
+for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
 if ARGV[3] == '1' then touch_bases(KEYS[1], ARGV[2]) end
 return meta
 """
@@ -472,6 +487,18 @@ class RedisStore:
     def _base_ttl_ms(self) -> int:
         return 2 * self._ttl_ms
 
+    async def _shorten(self, keys: Sequence[str], idle_ttl: str | None) -> None:
+        """Give a session with an idle TTL of its own its TTL back, after a read made in one
+        pipeline with the store's. The pipeline cannot know it before it reads the meta, and a
+        script in it cannot run on a cluster's pipelines; so such a session's reads take a second
+        round trip (the common session, without one, takes none)."""
+        if not idle_ttl:
+            return
+        async with self.client.pipeline(transaction=True) as pipe:
+            for key in keys:
+                pipe.pexpire(key, int(float(idle_ttl) * 1000))
+            await pipe.execute()
+
     async def _keep_base(self, name: str, text: str) -> None:
         """Store a base unless it is there (then its TTL is refreshed: it is not sent again)."""
         if not await self.client.pexpire(name, self._base_ttl_ms):
@@ -658,7 +685,7 @@ class RedisStore:
         if delta:
             fields["delta_bytes"] = sum(stored_bytes(name) + stored_bytes(value) for name, value in delta.items())
             pipe.hset(k.delta, mapping=delta)
-            pipe.pexpire(k.delta, self._ttl_ms)
+            pipe.pexpire(k.delta, int(meta.ttl(self.ttl) * 1000))
         pipe.hset(k.meta, mapping=fields)
         if base is None or not base.is_state:
             pipe.set(k.state, state)
@@ -667,7 +694,7 @@ class RedisStore:
         if trajectory:
             pipe.rpush(k.trajectory, *trajectory)
         for key in k.data():
-            pipe.pexpire(key, self._ttl_ms)
+            pipe.pexpire(key, int(meta.ttl(self.ttl) * 1000))
 
     @_translated
     async def load(self, session_id: str, *, trajectory: bool = False, blobs: bool = True,
@@ -679,7 +706,8 @@ class RedisStore:
             fields = dict(zip(pairs, pairs, strict=True))
             if not fields or (self.cluster and await self._bases(_base_names(fields)) is None):
                 return None
-            return Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
+            meta_only = SessionMeta.from_fields(fields)
+            return Snapshot(meta_only, "", "", time.time() + meta_only.ttl(self.ttl),
                             initial_digest=_digest(fields.get("initial_base")),
                             state_digest=_digest(fields.get("state_base")))
         async with self.client.pipeline(transaction=True) as pipe:
@@ -695,17 +723,19 @@ class RedisStore:
         meta, state, initial, fields = results[0], results[1], results[2], results[3]
         if not meta:
             return None
+        await self._shorten(k.kept(), meta.get("idle_ttl"))
         initial_base = meta.get("initial_base", "")
         texts = await self._bases(_base_names(meta), [initial_base if initial is None else ""])
         state = await self._composed(meta, state, fields, texts) if current else ""
         initial = texts.get(initial_base) if initial is None and texts is not None else initial
         if state is None or initial is None:
             return None
+        read = SessionMeta.from_fields(meta)
         return Snapshot(
-            meta=SessionMeta.from_fields(meta),
+            meta=read,
             state=state,
             initial=initial,
-            expires_at=time.time() + self.ttl,
+            expires_at=time.time() + read.ttl(self.ttl),
             trajectory=list(results[4]) if trajectory else [],
             initial_digest=_digest(initial_base),
             state_digest=_digest(meta.get("state_base")),
@@ -791,7 +821,7 @@ class RedisStore:
                 stored_bytes(str(item)) for item in changes[1:])
             await self._reserve(tenant, {session_id: upper}, quota)
         try:
-            outcome, grown = await self._script(self._commit, keys, args)
+            outcome, grown, lives = await self._script(self._commit, keys, args)
         except BaseException:
             if upper:
                 await self._unreserve(tenant or "", {session_id: upper})
@@ -802,7 +832,8 @@ class RedisStore:
             # ...and set right after the commit (with the live count), in a second round trip.
             await self._reserve(tenant, {session_id: (int(grown) if int(outcome) == 1 else 0) - upper}, None)
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires}, xx=True)
+                # (the script said how long the session lives: its own idle TTL, or the store's)
+                pipe.zadd(self.keys.live_sessions(tenant), {session_id: expires - self._ttl_ms + int(lives)}, xx=True)
                 for name in held.bases if held is not None else []:  # on the tenant's slot too
                     pipe.pexpire(name, self._base_ttl_ms)
                 await pipe.execute()
@@ -812,10 +843,11 @@ class RedisStore:
         return int(outcome) == 1
 
     @_translated
-    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+    async def admit(self, tenant: str, session_ids: list[str], limit: int, ttl: float | None = None) -> int | None:
         now, due = await self._due(tenant)
+        lives = self._ttl_ms if ttl is None else int(ttl * 1000)
         live = await self._script(self._admit, [self.keys.live_sessions(tenant), self.keys.session_bytes(tenant)],
-                                  [now, limit, now + self._ttl_ms, len(due) // 2, *due, *session_ids])
+                                  [now, limit, now + lives, len(due) // 2, *due, *session_ids])
         return None if int(live) < 0 else int(live)
 
     async def _due(self, tenant: str) -> tuple[int, list[Any]]:
@@ -869,10 +901,11 @@ class RedisStore:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.exists(k.meta)
             pipe.lrange(k.trajectory, 0, -1)
-            pipe.hmget(k.meta, *BASE_FIELDS)
+            pipe.hmget(k.meta, *BASE_FIELDS, "idle_ttl")
             for key in k.kept():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
+        await self._shorten(k.kept(), results[2].pop())
         await self._bases(list(results[2]))
         return list(results[1]) if results[0] else None
 
@@ -883,10 +916,11 @@ class RedisStore:
             pipe.exists(k.meta)
             pipe.lrange(k.trajectory, offset, offset + limit - 1)
             pipe.llen(k.trajectory)
-            pipe.hmget(k.meta, *BASE_FIELDS)
+            pipe.hmget(k.meta, *BASE_FIELDS, "idle_ttl")
             for key in k.kept():
                 pipe.pexpire(key, self._ttl_ms)
             results: list[Any] = await pipe.execute()
+        await self._shorten(k.kept(), results[3].pop())
         await self._bases(list(results[3]))
         return (list(results[1]), int(results[2])) if results[0] else None
 
@@ -942,7 +976,8 @@ class RedisStore:
             return
         pairs = iter(meta)
         fields = dict(zip(pairs, pairs, strict=True))
-        snap = Snapshot(SessionMeta.from_fields(fields), "", "", time.time() + self.ttl,
+        read = SessionMeta.from_fields(fields)
+        snap = Snapshot(read, "", "", time.time() + read.ttl(self.ttl),
                         initial_digest=_digest(fields.get("initial_base")),
                             state_digest=_digest(fields.get("state_base")))
         held = Held(snap, token, bases=_base_names(fields))

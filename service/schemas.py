@@ -225,6 +225,10 @@ class SessionCreate(Strict):
     group_seeds: GroupSeeds = Field(default="derived", description=(
         "With n > 1 and a seed: 'derived' gives each member a seed of its own, derived from (seed, its index), "
         "after the shared __init__; 'same' lets every member go on drawing alike."))
+    idle_ttl_seconds: float | None = Field(default=None, ge=1, description=(
+        "Seconds the sessions live after their last call, instead of the service's session TTL, which is also "
+        "the longest allowed (a longer one is 422 naming this field). A trainer that may be killed without "
+        "closing its sessions sets a short one so they are reaped soon after. Forks keep it."))
 
     @model_validator(mode="after")
     def one_source(self) -> SessionCreate:

@@ -141,9 +141,18 @@ class Sessions:
 
     async def create(self, scenario_id: str | None, env_id: str | None, init_config: dict[str, Any] | None, *,
                      n: int = 1, mode: str = "task", tenant: str = "", seed: int | None = None,
-                     group_seeds: str = "derived") -> Created:
+                     group_seeds: str = "derived", idle_ttl: float | None = None) -> Created:
         """Create ``n`` sessions sharing one initial state (all or none); with ``seed``, every draw
-        is reproducible (see ``_streams`` for a group's)."""
+        is reproducible (see ``_streams`` for a group's); with ``idle_ttl``, they expire that many
+        seconds after their last call instead of after the store's TTL.
+
+        Raises:
+            InvalidRequest: ``idle_ttl`` is longer than the store's TTL, the longest a session idles."""
+        if idle_ttl is not None and idle_ttl > self.store.ttl:
+            message = f"at most {self.store.ttl:g}: this service keeps an idle session no longer"
+            # (named as a body that fails validation names its field, so clients read one shape)
+            raise InvalidRequest(f"idle_ttl_seconds: {message}", field="idle_ttl_seconds",
+                                 errors=[{"field": "idle_ttl_seconds", "message": message}])
         scenario = await self.registry.scenario(scenario_id, tenant) if scenario_id else None
         # (with a scenario, its environment's latest version, unless ``env_id`` names one of that id)
         if scenario is not None and env_id is not None and split(env_id)[0] != scenario.env_id:
@@ -164,7 +173,7 @@ class Sessions:
         turns.check_mode(scenario, mode)
         ids = [new_session_id() for _ in range(n)]
         first, streams, seeds = _streams(n, seed, group_seeds)
-        async with self._admitted(tenant, ids):  # a tenant over its quota costs no sandbox or LLM time
+        async with self._admitted(tenant, ids, idle_ttl):  # a tenant over its quota costs no sandbox or LLM time
             opening = await self._user_opening(scenario.task) if scenario and mode == "conversation" else None
             # A single session keeps the instance its init made live in the sandbox for its first call.
             state = await self._initial_state(env, config, tenant, ids[0] if n == 1 else None, template,
@@ -174,7 +183,7 @@ class Sessions:
             metas = [SessionMeta(sid, env.env_id, scenario.scenario_id if scenario else None, now, tenant=tenant,
                                  mode=mode, opening=opening, env_registration=env.registration, stream=stream,
                                  seed=own, env_version=env.version,
-                                 scenario_version=scenario.version if scenario else "")
+                                 scenario_version=scenario.version if scenario else "", idle_ttl=idle_ttl)
                      for sid, stream, own in zip(ids, streams, seeds, strict=True)]
             digest = self._digest(state)
             try:
@@ -184,7 +193,8 @@ class Sessions:
                 self.pool.forget(ids[0])
                 raise
         if n == 1:  # its first call too needs no lock and no read (see ``_unlocked``)
-            self._warm_at(Snapshot(metas[0], "", "", now + self.store.ttl, initial_digest=digest, state_digest=digest))
+            self._warm_at(Snapshot(metas[0], "", "", now + metas[0].ttl(self.store.ttl), initial_digest=digest,
+                                   state_digest=digest))
         self.metrics.sessions.labels("create").inc(n)
         return Created(metas, env, scenario)
 
@@ -238,9 +248,9 @@ class Sessions:
             raise Unavailable(exc.message) from exc
 
     @asynccontextmanager
-    async def _admitted(self, tenant: str, ids: list[str]) -> AsyncIterator[None]:
+    async def _admitted(self, tenant: str, ids: list[str], idle_ttl: float | None = None) -> AsyncIterator[None]:
         """Count ``ids`` against the tenant's quota of live sessions; uncount them if creation fails."""
-        live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions))
+        live = await self._store(self.store.admit(tenant, ids, self.limits.max_sessions, idle_ttl))
         if live is not None:
             raise QuotaExceeded(f"this tenant has {live} live sessions and may hold {self.limits.max_sessions}; "
                                 "delete finished sessions or wait for idle ones to expire", quota="max_sessions",
@@ -661,7 +671,7 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id)
                  for _ in range(n)]
-        async with self._admitted(tenant, [m.session_id for m in metas]):
+        async with self._admitted(tenant, [m.session_id for m in metas], snap.meta.idle_ttl):
             if not await self._store(self._quota(self.store.copy(snap.meta, metas,
                                                                  quota=self.limits.max_tenant_bytes))):
                 raise NotFound(f"session '{session_id}' not found (it may have expired)")
@@ -678,7 +688,7 @@ class Sessions:
         now = time.time()
         metas = [replace(snap.meta, session_id=new_session_id(), created_at=now, parent_id=session_id, stream=stream,
                          seed=own) for stream, own in zip(*reseeded, strict=True)]
-        async with self._admitted(tenant, [m.session_id for m in metas]):
+        async with self._admitted(tenant, [m.session_id for m in metas], snap.meta.idle_ttl):
             await self._store(self._quota(self.store.create_group(metas, snap.state, snap.initial, snap.trajectory,
                                                                   quota=self.limits.max_tenant_bytes,
                                                                   initial_digest=snap.initial_digest)))
@@ -700,7 +710,7 @@ class Sessions:
                          step=step, done=done) for _ in range(n)]
         if reseeded is not None:
             metas = [replace(meta, stream=stream, seed=own) for meta, stream, own in zip(metas, *reseeded, strict=True)]
-        async with self._admitted(tenant, [m.session_id for m in metas]):
+        async with self._admitted(tenant, [m.session_id for m in metas], snap.meta.idle_ttl):
             await self._store(self._quota(self.store.create_group(metas, state, snap.initial, records,
                                                                   quota=self.limits.max_tenant_bytes,
                                                                   initial_digest=snap.initial_digest, delta=fields)))

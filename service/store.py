@@ -5,7 +5,10 @@ state, the encoded initial state (check functions see it as ``initial_state``)
 and the trajectory, a list of JSON step records. An initial state the caller names by its
 digest is a *base*: stored once per tenant and digest, however many sessions start from it,
 and a session whose state is still its base holds no copy of either. Every read or write of a
-session refreshes its idle TTL; an expired session is gone for every reader.
+session refreshes its idle TTL; an expired session is gone for every reader. A session made with
+an idle TTL of its own (``SessionMeta.idle_ttl``) lives that long after its last read or write
+instead of the store's: a trainer that may be killed without a word asks for a short one, so what
+it leaves behind is reaped in seconds, not in an hour.
 
 Calls on one session are serialized by ``lock``; ``commit`` is additionally a
 compare-and-set on the step number, so even a caller whose lock lease ran out
@@ -120,6 +123,8 @@ class SessionMeta:
     # under its ids later ("" for sessions made before versions were recorded: the latest).
     env_version: str = ""
     scenario_version: str = ""
+    # Seconds it lives after its last read or write, when not the store's TTL (forks keep it).
+    idle_ttl: float | None = None
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -144,7 +149,12 @@ class SessionMeta:
             seed=int(data["seed"]) if data.get("seed") else None,
             env_version=data.get("env_version", ""),
             scenario_version=data.get("scenario_version", ""),
+            idle_ttl=float(data["idle_ttl"]) if data.get("idle_ttl") else None,
         )
+
+    def ttl(self, default: float) -> float:
+        """Seconds the session lives after its last read or write: its own idle TTL, else ``default``."""
+        return self.idle_ttl if self.idle_ttl is not None else default
 
 
 @dataclass
@@ -267,9 +277,10 @@ class SessionStore(Protocol):
     def lock(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[None]:
         """Hold the session's call lock; raise LockTimeout after ``wait`` seconds."""
 
-    async def admit(self, tenant: str, session_ids: list[str], limit: int) -> int | None:
+    async def admit(self, tenant: str, session_ids: list[str], limit: int, ttl: float | None = None) -> int | None:
         """Count ``session_ids`` as live sessions of ``tenant`` unless that would pass ``limit``;
-        return the live count when it would (nothing is counted then)."""
+        return the live count when it would (nothing is counted then). ``ttl``: the sessions' own
+        idle TTL, when they have one (see ``SessionMeta.idle_ttl``)."""
 
     async def forget(self, tenant: str, session_ids: list[str]) -> None:
         """Stop counting sessions (deleted, or their creation failed), and the bytes they stored."""

@@ -63,3 +63,18 @@ LIB_001_CONVERSATION: list[list[Turn]] = [
         {"content": "I'm sorry, I cannot do that today."},
     ],
 ]
+
+
+LIB_003_AS_TEXT: list[list[Turn]] = [
+    [  # calls written in the text, in both forms verifiers' parsers read, with a broken block last
+        {"raw": 'Let me look first.\n<tool_call>\n{"name": "list_member_loans", "arguments": {"member_id": "M001"}}\n'
+                "</tool_call>"},
+        {"raw": '<tool_call>\n{"name": "return_book", "arguments": {"loan_id": "L0004"}}\n</tool_call>\n'
+                "<tool_call>\n<function=checkout_book>\n<parameter=member_id>\nM004\n</parameter>\n"
+                "<parameter=book_id>\nB004\n</parameter>\n</function>\n</tool_call>\n"
+                '<tool_call>{"name": "checkout_book", "arguments": "{\\"member_id\\": \\"M001\\", '
+                '\\"book_id\\": \\"B005\\"}"}</tool_call>'},
+        {"raw": '<tool_call>{"name": "get_book", "arguments": {</tool_call>'},
+        {"content": "Circe is back and lent to Jun; Alice has her new book."},
+    ],
+]

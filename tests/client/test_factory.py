@@ -11,6 +11,9 @@ import gc
 import inspect
 import json
 import math
+import pickle
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -123,3 +126,27 @@ def test_names_python_cannot_carry_are_refused_with_the_tool_named() -> None:
         tool_function({"name": "lookup", "parameters": {"properties": {"class": {"type": "string"}}}}, forward)
     with pytest.raises(ValueError, match="'bad-name'"):
         tool_function({"name": "bad-name"}, forward)
+
+
+def test_a_rollout_made_with_an_idle_ttl_is_reaped_after_it_when_nobody_closes_it(ef: Client,
+                                                                                 ef_server: Server) -> None:
+    Library = environment_factory(ef_server.url, "library_circulation", client=ef, idle_ttl_seconds=1)
+    env = pickle.loads(pickle.dumps(Library))()  # (a class rebuilt in another process keeps it too)
+    env.reset(scenario_id="lib-001")
+    # what a SIGKILL leaves: a session nobody closes, reaped once idle for a second, not for the hour
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{env.session_id}").status_code == 200
+    time.sleep(1.5)
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{env.session_id}").status_code == 404
+
+
+def test_the_idle_ttl_comes_from_the_environment_when_not_given(ef: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVFOUNDRY_SESSION_IDLE_SECONDS", "2")
+    session = ef.create_session("lib-001")
+    left = (ef.get_session(session.session_id).expires_at - datetime.now(UTC)).total_seconds()
+    assert 0 < left <= 2
+    explicit = ef.create_session("lib-001", idle_ttl_seconds=60)
+    left = (ef.get_session(explicit.session_id).expires_at - datetime.now(UTC)).total_seconds()
+    assert 2 < left <= 60
+    monkeypatch.setenv("ENVFOUNDRY_SESSION_IDLE_SECONDS", "soon")
+    with pytest.raises(ValueError, match="ENVFOUNDRY_SESSION_IDLE_SECONDS"):
+        ef.create_session("lib-001")

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from service.auth import new_key
-from tests.client.agent_scripts import LIB_001, STORE_001
+from tests.client.agent_scripts import LIB_001, LIB_003_AS_TEXT, STORE_001
 from tests.client.test_rollout import task
 from tests.conftest import ROOT, Server, drop_keys, start_server
 from tests.scripted_openai import Running
@@ -106,8 +106,10 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
     """Each run's outcome and episodes (traces.jsonl), by name, with the model requests its conversation made."""
     tmp = tmp_path_factory.mktemp("vf")
     lib, store = task(ef_server, "lib-001"), task(ef_server, "store-001")
-    # lib-001: track 0 solves it, track 1 does one part of three; store-001: the solving track, cut short
-    chat.script.reset({lib: LIB_001, store: STORE_001[:1]})
+    written = task(ef_server, "lib-003")
+    # lib-001: track 0 solves it, track 1 does one part of three; store-001: the solving track, cut short;
+    # lib-003: solved by calls written as text
+    chat.script.reset({lib: LIB_001, store: STORE_001[:1], written: LIB_003_AS_TEXT})
     common = ["envfoundry-verifiers", "-m", MODEL,
               "--client.base-url", chat.url, "--client.api-key-var", "SCRIPTED_KEY",
               "--push", "False", "--rich", "None", "-o", str(tmp / "outputs")]
@@ -120,6 +122,9 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
         "restart": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on Redis, restarted mid-run
         "keyed": ["--env.taskset.scenario-ids", '["lib-001"]'],  # the third lib-001 rollout: track 0 again
         "lost": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],  # on memory, restarted: sessions lost
+        "text": ["--env.taskset.scenario-ids", '["lib-003"]', "--env.taskset.idle-ttl-seconds", "30"],
+        # the flag as the README gives it, without naming the harness
+        "turns": ["--env.taskset.scenario-ids", '["lib-003"]', "--env.agent.max-turns", "1"],
     }
     keyed_server, key = keyed
     served = {"keyed": keyed_server, "restart": on_redis.servers[0], "lost": on_memory.servers[0]}
@@ -159,6 +164,8 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
     of_lib = [r for r in asked if r.route == lib]  # the runs come one after the other: solve, restart, keyed, lost
     out["solve"]["asked"], out["restart"]["asked"], out["keyed"]["asked"] = of_lib[:5], of_lib[5:10], of_lib[10:13]
     out["cut"]["asked"] = [r for r in asked if r.route == store]
+    of_text = [r for r in asked if r.route == written]
+    out["text"]["asked"], out["turns"]["asked"] = of_text[:4], of_text[4:]
     return out
 
 
@@ -199,6 +206,38 @@ def test_a_scenario_outside_the_chosen_environments_is_refused_by_name(runs: Run
     run = runs["foreign"]
     assert run["exit"] != 0 and run["episodes"] == []
     assert "scenario_ids not in the chosen environments ['library_circulation']: ['store-001']" in run["message"]
+
+
+def test_calls_written_as_tool_call_text_reach_the_service_as_verifiers_parsers_read_them(
+        runs: Runs, ef_server: Server) -> None:
+    run = runs["text"]
+    assert run["exit"] == 0, run
+    (trace,) = played(run)
+    assert trace["ok"] and not trace["errors"], trace
+    assert trace["rewards"]["checks"]["score"] == 1.0  # the JSON and the XML blocks were both called
+    session = trace["info"]["envfoundry_session_id"]
+    asked = run["asked"]
+    assert len(asked) == 4
+    # each turn's calls came back as <tool_response> blocks: the service's observations, in order
+    answers = [m["content"] for m in asked[-1].messages if m["role"] == "user"][1:]
+    assert [a.count("<tool_response>") for a in answers] == [1, 3, 1]
+    assert answers[1].count('{"success": true') == 3
+    assert "Error: the call is not valid JSON" in answers[2] and "nothing was called" in answers[2]
+    assert httpx.get(f"{ef_server.url}/v1/sessions/{session}").status_code == 404
+
+
+def test_the_readmes_max_turns_flag_limits_the_rollout_without_naming_the_harness(runs: Runs) -> None:
+    run = runs["turns"]
+    assert run["exit"] == 0, run
+    (trace,) = played(run)
+    assert len(run["asked"]) == 1, trace  # one model turn, then the limit
+    assert trace["rewards"]["checks"]["score"] < 1.0
+
+
+def test_the_config_classes_are_exported_beside_the_parts(verifiers_python: Path) -> None:
+    names = subprocess.run([str(verifiers_python), "-c", "import envfoundry_verifiers as m; print(*m.__all__)"],
+                           capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert {"EnvfoundryTasksetConfig", "EnvfoundryHarnessConfig", "EnvfoundryEnvConfig"} <= set(names)
 
 
 def test_the_harness_stops_a_rollout_at_its_turn_limit_and_still_scores_it(runs: Runs, ef_server: Server) -> None:

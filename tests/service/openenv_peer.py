@@ -1,7 +1,8 @@
 """Runs inside .venv-openenv (scripts/peer-venvs): OpenEnv's released clients driving an envfoundry base URL.
 
     python openenv_peer.py play BASE SOLUTION_JSON        GenericEnvClient over the WebSocket, MCPToolClient
-                                                         (HTTP /mcp, then a WebSocket step), openenv validate
+                                                         (HTTP /mcp, then a WebSocket step; then /mcp
+                                                         alone), openenv validate
     python openenv_peer.py reconnect BASE SOLUTION_JSON   one step, then waits for another base URL on stdin
 
 Prints one JSON object per line: what the clients returned, for the test to judge (one process
@@ -55,6 +56,15 @@ def over_mcp(base: str, solution: list[dict[str, Any]]) -> None:
         emit(kind="state", state=env.state().model_dump())
 
 
+def over_mcp_calls(base: str, solution: list[dict[str, Any]]) -> None:
+    emit(kind="part", part="mcp_calls")
+    with MCPToolClient(base_url=base).sync() as env:
+        env.reset()
+        for tool in solution:  # the whole reference solution through call_tool, as a trainer on /mcp runs it
+            emit(kind="call", record=env.call_tool(tool["name"], **tool["arguments"]))
+        emit(kind="state", state=env.state().model_dump())
+
+
 def validated(base: str) -> None:
     # What `openenv validate --url BASE` runs and prints a verdict of.
     from openenv.cli._validation import validate_running_environment
@@ -67,6 +77,7 @@ def validated(base: str) -> None:
 def play(base: str, solution: list[dict[str, Any]]) -> None:
     over_websocket(base, solution)
     over_mcp(base, solution)
+    over_mcp_calls(base, solution)
     validated(base)
 
 

@@ -499,3 +499,24 @@ def test_a_package_provenance_is_served(tmp_path: Any) -> None:
         assert detail["provenance"] == manifest["provenance"]
     finally:
         server.stop()
+
+
+def test_a_session_made_with_an_idle_ttl_is_gone_after_it_and_a_busy_one_stays(client: httpx.Client) -> None:
+    idle = new_session(client, env_id="probe", idle_ttl_seconds=1)
+    busy = new_session(client, env_id="probe", idle_ttl_seconds=1)
+    for _ in range(5):  # ~2 s of calls every ~0.4 s on one of them
+        call(client, busy, "increment")
+        time.sleep(0.4)
+    problem(client.get(f"/v1/sessions/{idle}"), 404, "not-found")
+    info = client.get(f"/v1/sessions/{busy}").json()
+    assert info["steps"] == 5
+    fork = client.post(f"/v1/sessions/{busy}/fork", json={}).json()["session_id"]
+    time.sleep(1.5)
+    problem(client.get(f"/v1/sessions/{fork}"), 404, "not-found")  # a fork keeps its parent's idle TTL
+
+
+@pytest.mark.parametrize("seconds", [0, 0.5, 3600 * 24 * 365])
+def test_an_idle_ttl_out_of_range_is_refused_naming_the_field(client: httpx.Client, seconds: float) -> None:
+    body = problem(client.post("/v1/sessions", json={"env_id": "probe", "idle_ttl_seconds": seconds}), 422,
+                   "invalid-request")
+    assert [e["field"] for e in body["errors"]] == ["idle_ttl_seconds"]

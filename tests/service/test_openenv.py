@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,53 @@ def test_mcp_tool_client_solves_lib_001_over_http_mcp_and_the_websocket(
     assert step["observation"]["tool_name"] == solution[-1]["name"] and step["reward"] == 1.0
     assert state["state"] == {"episode_id": episode, "step_count": 3}
     assert httpx.get(f"{server.url}/v1/sessions/{episode}").status_code == 404  # openenv/session/close
+
+
+def test_mcp_tool_client_reads_the_reward_from_call_tool_as_from_openenvs_own_mcp_environments(
+        played: dict[str, Any], solution: list[dict[str, Any]]) -> None:
+    *calls, state = played["mcp_calls"]
+    records = [c["record"] for c in calls]
+    assert [r["step"] for r in records] == list(range(1, len(solution) + 1)) and all(r["ok"] for r in records)
+    rewards = [r["reward"] for r in records]
+    assert rewards[-1] == 1.0 and rewards == sorted(rewards) and rewards[0] < 1.0
+    assert all(r["done"] is False for r in records)
+    assert state["state"]["step_count"] == len(solution)
+
+
+def test_mcp_tools_call_answers_reward_and_done_beside_the_result(server: Server,
+                                                                 solution: list[dict[str, Any]]) -> None:
+    with httpx.Client(base_url=base(server), timeout=60) as http:
+        def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+            answer: dict[str, Any] = http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                                             "params": params}).json()
+            return dict(answer["result"])
+
+        episode = rpc("openenv/session/create", {"scenario_id": "lib-001"})["session_id"]
+        results = [rpc("tools/call", {"session_id": episode, "name": t["name"], "arguments": t["arguments"]})
+                   for t in solution]
+        assert [r["reward"] for r in results][-1] == 1.0 and results[0]["reward"] < 1.0
+        assert all(r["done"] is False and r["data"]["reward"] == r["reward"] for r in results)
+        rpc("openenv/session/close", {"session_id": episode})
+
+
+def test_http_step_without_an_episode_steps_a_fresh_one_and_keeps_nothing(server: Server) -> None:
+    """OpenEnv's server answers /step without an episode from a throwaway environment; so does this one."""
+    with httpx.Client(base_url=base(server), timeout=60) as http:
+        live = httpx.get(f"{server.url}/v1/sessions").json()["total"]
+        listed = http.post("/step", json={"action": {"type": "list_tools"}})
+        assert listed.status_code == 200, listed.text
+        assert "return_book" in {t["name"] for t in listed.json()["observation"]["tools"]}
+        # the fresh episode is seed 0's (lib-001): its first reference step, alone, passes one check of three
+        called = http.post("/step", json={"action": {"type": "call_tool", "tool_name": "return_book",
+                                                      "arguments": {"loan_id": "L0003"}}}).json()
+        assert called["observation"]["ok"] is True and called["observation"]["step"] == 1
+        assert 0 < called["reward"] < 1.0 and called["done"] is False
+        again = http.post("/step", json={"action": {"type": "call_tool", "tool_name": "return_book",
+                                                     "arguments": {"loan_id": "L0003"}}}).json()
+        assert again["observation"]["step"] == 1 and again["reward"] == called["reward"]  # nothing carried over
+        assert httpx.get(f"{server.url}/v1/sessions").json()["total"] == live  # each was ended
+        bad = http.post("/step", json={"action": {"type": "nonsense"}})
+        assert bad.status_code == 422 and httpx.get(f"{server.url}/v1/sessions").json()["total"] == live
 
 
 def test_openenv_validate_passes_the_base_url(played: dict[str, Any]) -> None:
@@ -179,7 +227,7 @@ def test_bad_messages_get_openenv_error_codes_and_change_nothing(server: Server)
         refused = json.loads(ws.recv(timeout=30))
         assert refused["data"]["code"] == "SESSION_ERROR" and refused["data"]["problem"]["status"] == 404
     with httpx.Client(base_url=base(server), timeout=30) as http:
-        missing = http.post("/step", json={"action": {"type": "list_tools"}})
+        missing = http.post("/step", json={"action": {"type": "list_tools"}, "episode_id": 5})
         assert missing.status_code == 422 and missing.json()["field"] == "episode_id"
         assert missing.headers["content-type"].startswith("application/problem+json")
         assert http.get("/state", params={"episode_id": "ses_nope"}).status_code == 404
@@ -288,3 +336,15 @@ def test_a_reset_seed_makes_the_episode_reproducible_as_gymnasium_reset_does(ser
         assert first != second
     too_big = httpx.post(f"{base(server, env_id)}/reset", json={"seed": 2**63})
     assert too_big.status_code == 422 and too_big.json()["field"] == "seed"
+
+
+def test_a_reset_with_an_idle_ttl_opens_an_episode_reaped_after_it(server: Server) -> None:
+    with httpx.Client(base_url=base(server), timeout=60) as http:
+        opened = http.post("/reset", json={"scenario_id": "lib-001", "idle_ttl_seconds": 1}).json()
+        episode = opened["observation"]["episode_id"]
+        assert httpx.get(f"{server.url}/v1/sessions/{episode}").status_code == 200
+        time.sleep(1.5)  # what a killed trainer leaves: no step, no close
+        assert httpx.get(f"{server.url}/v1/sessions/{episode}").status_code == 404
+        for bad in (0, "soon", 10**9):
+            refused = http.post("/reset", json={"scenario_id": "lib-001", "idle_ttl_seconds": bad})
+            assert refused.status_code == 422 and "idle_ttl_seconds" in refused.text, refused.text

@@ -410,6 +410,68 @@ async def test_commit_and_trajectory_within_ttl_refresh_it(make_store: StoreFact
     assert snap.trajectory == [_rec(1)]
 
 
+async def _touch_every_way(store: SessionStore, meta: SessionMeta, step: int) -> None:
+    """Every read and write that refreshes a session's TTL, once each."""
+    assert await store.load(meta.session_id, trajectory=True) is not None
+    assert await store.load(meta.session_id, blobs=False) is not None
+    assert await store.trajectory(meta.session_id) is not None
+    assert await store.trajectory_page(meta.session_id, 0, 5) is not None
+    async with store.begin(meta.session_id, wait=1, lease=5) as held:
+        assert held.snap is not None
+    assert await store.commit(meta.session_id, step, None, _rec(step + 1)) is True
+
+
+async def test_a_session_with_its_own_idle_ttl_is_gone_after_it_and_a_busy_one_stays(
+        make_store: StoreFactory) -> None:
+    store = make_store(ttl=3600.0)
+    idle = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), idle_ttl=1.0)
+    busy = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), idle_ttl=1.0)
+    await store.create_group([idle, busy], '{"n":0}', '{"n":0}', [])
+    # Every way of touching the idle one gives it its own TTL back, never the store's hour.
+    await _touch_every_way(store, idle, 0)
+    for step in range(5):  # ~2 s, a call every ~0.4 s: twice the idle TTL, never idle for one
+        await _touch_every_way(store, busy, step)
+        await asyncio.sleep(0.4)
+    assert await store.load(idle.session_id) is None
+    assert await store.trajectory(idle.session_id) is None
+    kept = await store.load(busy.session_id)
+    assert kept is not None and kept.meta.step == 5 and kept.meta.idle_ttl == 1.0
+    assert kept.expires_at <= time.time() + 1.0
+
+
+async def test_a_copy_keeps_its_sources_idle_ttl(make_store: StoreFactory) -> None:
+    store = make_store(ttl=3600.0)
+    source = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), idle_ttl=1.0)
+    await store.create(source, '{"n":0}', '{"n":0}', [])
+    copy = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), idle_ttl=1.0)
+    assert await store.copy(source, [copy]) is True
+    await asyncio.sleep(1.5)
+    assert await store.load(copy.session_id) is None
+
+
+async def test_a_session_with_an_idle_ttl_leaves_the_live_count_when_it_expires(make_store: StoreFactory) -> None:
+    store = make_store(ttl=3600.0)
+    meta = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), tenant="t-idle", idle_ttl=1.0)
+    assert await store.admit("t-idle", [meta.session_id], 10, ttl=1.0) is None
+    await store.create(meta, '{"n":0}', '{"n":0}', [])
+    assert await store.commit(meta.session_id, 0, None, _rec(1), tenant="t-idle") is True
+    assert await store.live("t-idle", 0, 10) == ([meta.session_id], 1)
+    await asyncio.sleep(1.5)
+    assert await store.live("t-idle", 0, 10) == ([], 0)
+
+
+async def test_redis_reads_never_stretch_a_sessions_own_idle_ttl(make_redis: StoreFactory,
+                                                                raw_redis: redis.Redis) -> None:
+    store = make_redis(ttl=3600.0)
+    meta = SessionMeta(new_session_id(), "env_a", "scn_1", time.time(), idle_ttl=5.0)
+    await store.create(meta, '{"n":0}', '{"n":0}', [])
+    await _touch_every_way(store, meta, 0)
+    assert await store.commit(meta.session_id, 1, None, _rec(2), idempotency=("k1", "1")) is True
+    assert await store.load(meta.session_id) is not None
+    for key in Keys(make_redis.prefix or "").session(meta.session_id).data():
+        assert 0 < raw_redis.pttl(key) <= 5_000, key
+
+
 async def test_redis_every_session_key_has_a_real_ttl(make_redis: StoreFactory, raw_redis: redis.Redis) -> None:
     store = make_redis(ttl=30.0)
     prefix = make_redis.prefix or ""

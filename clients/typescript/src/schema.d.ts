@@ -888,6 +888,11 @@ export interface components {
              * @enum {string}
              */
             group_seeds?: "derived" | "same";
+            /**
+             * Idle Ttl Seconds
+             * @description Seconds the sessions live after their last call, instead of the service's session TTL, which is also the longest allowed (a longer one is 422 naming this field). A trainer that may be killed without closing its sessions sets a short one so they are reaped soon after. Forks keep it.
+             */
+            idle_ttl_seconds?: number | null;
             /** Init Config */
             init_config?: {
                 [key: string]: unknown;

@@ -8,6 +8,7 @@ call and the service answers a repeat with the first response instead of applyin
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,15 +183,33 @@ def delete_scenario(scenario_id: str) -> Operation[None]:
 
 
 # -- sessions --------------------------------------------------------------------------------
+def idle_seconds_from_environment() -> float | None:
+    """``ENVFOUNDRY_SESSION_IDLE_SECONDS``: the idle TTL every session this process opens asks for
+    (None: the service's), so a trainer whose harness builds the clients (verifiers, TRL) can have
+    what a SIGKILL leaves reaped in seconds without a change to its code."""
+    value = os.environ.get("ENVFOUNDRY_SESSION_IDLE_SECONDS")
+    if value is None or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds >= 1:  # (NaN too)
+        raise ValueError(f"ENVFOUNDRY_SESSION_IDLE_SECONDS is {value!r}: seconds, 1 or more")
+    return seconds
+
+
 def create_session(scenario_id: str | None = None, *, env_id: str | None = None, init_config: JSON | None = None,
                    n: int = 1, mode: Mode = "task", seed: int | None = None, group_seeds: GroupSeeds = "derived",
-                   idempotency_key: str | None = None) -> Operation[Session]:
+                   idempotency_key: str | None = None, idle_ttl_seconds: float | None = None) -> Operation[Session]:
     """Start ``n`` sessions from a scenario (or from an environment and an initial state).
 
     All n are created or none. In ``conversation`` mode the result carries the simulated user's
     opening message instead of the task. With ``seed`` every draw the environment makes (``random``,
     ``uuid4``, ``os.urandom``, ``secrets``) is reproducible; a group's members draw from seeds
-    derived from it and their index (``group_seeds="same"``: all alike). Raises ``NotFound``,
+    derived from it and their index (``group_seeds="same"``: all alike). With ``idle_ttl_seconds``
+    (default: ``ENVFOUNDRY_SESSION_IDLE_SECONDS``, else the service's TTL) the sessions expire that
+    many seconds after their last call, so a killed trainer's are reaped soon. Raises ``NotFound``,
     ``InvalidRequest`` (bad ``n``, both or neither source), ``UserLLMUnavailable`` (conversation
     mode without a user LLM).
     """
@@ -207,6 +226,9 @@ def create_session(scenario_id: str | None = None, *, env_id: str | None = None,
     if mode != "task":
         body["mode"] = mode
     body.update(_seeding(seed, group_seeds))
+    idle = idle_seconds_from_environment() if idle_ttl_seconds is None else idle_ttl_seconds
+    if idle is not None:
+        body["idle_ttl_seconds"] = idle
     return Operation("POST", "/v1/sessions", Session.from_json, body, status=201,
                      idempotency_key=_key(idempotency_key))
 

@@ -19,7 +19,8 @@ tool schemas from methods gives the model the service's schemas. Each instance i
 
 Each session is deleted when its instance is reset again or collected, and whatever is still
 open is deleted at exit, on SIGTERM or SIGHUP (see ``leases``), so an interrupted run leaves
-nothing behind (after SIGKILL, the service's ``ENVFOUNDRY_SESSION_TTL`` reaps them).
+nothing behind. After SIGKILL the service reaps them once idle for ``idle_ttl_seconds`` (a
+parameter, else ``ENVFOUNDRY_SESSION_IDLE_SECONDS``, else the service's ``ENVFOUNDRY_SESSION_TTL``).
 One HTTP connection pool serves every instance of a class (pass ``client=`` to share or close one
 of your own). Its retries ride over a restart of the service (30 s by default; ``Retry``).
 
@@ -74,6 +75,7 @@ class SessionTools:
     _client: Client
     _env_id: str
     _mode: Mode = "task"
+    _idle_ttl: float | None = None  # None: ENVFOUNDRY_SESSION_IDLE_SECONDS, else the service's TTL
 
     def __init__(self) -> None:
         self._session: str | None = None
@@ -106,9 +108,10 @@ class SessionTools:
         self._close()
         self._failure, self._scenario = None, scenario_id
         if scenario_id is None:
-            session = self._client.create_session(env_id=self._env_id, mode=self._mode)
+            session = self._client.create_session(env_id=self._env_id, mode=self._mode,
+                                                  idle_ttl_seconds=self._idle_ttl)
         else:
-            session = self._client.create_session(scenario_id, mode=self._mode)
+            session = self._client.create_session(scenario_id, mode=self._mode, idle_ttl_seconds=self._idle_ttl)
         self._session = session.session_id
         leases.hold(self._client.config, session.session_id)
         self._finalizer = weakref.finalize(self, _delete, self._client, session.session_id)
@@ -188,6 +191,7 @@ class Spec:
     doc: str
     tools: tuple[JSON, ...]
     config: Config
+    idle_ttl: float | None = None
 
 
 class ToolClass(type):
@@ -209,7 +213,7 @@ def _client_for(config: Config) -> Client:
 def _build(spec: Spec, client: Client | None = None) -> type[SessionTools]:
     http = client or _client_for(spec.config)
     namespace: dict[str, Any] = {"_client": http, "_env_id": spec.env_id, "_mode": spec.mode, "_spec": spec,
-                                 "__doc__": spec.doc, "__module__": __name__}
+                                 "_idle_ttl": spec.idle_ttl, "__doc__": spec.doc, "__module__": __name__}
     for tool in spec.tools:
         namespace[tool["function"]["name"]] = tool_function(tool, SessionTools._call)
     base = ConversationTools if spec.mode == "conversation" else SessionTools
@@ -220,8 +224,12 @@ def _build(spec: Spec, client: Client | None = None) -> type[SessionTools]:
 
 
 def environment_factory(base_url: str, env_id: str, *, api_key: str | None = None, mode: Mode = "task",
-                        timeout: float = 120.0, client: Client | None = None) -> type[SessionTools]:
+                        timeout: float = 120.0, client: Client | None = None,
+                        idle_ttl_seconds: float | None = None) -> type[SessionTools]:
     """A class of ``env_id``'s tools whose instances are rollouts on the service at ``base_url``.
+
+    ``idle_ttl_seconds``: each rollout's session expires that long after its last call (default:
+    ``ENVFOUNDRY_SESSION_IDLE_SECONDS``, else the service's TTL), so a SIGKILL leaks nothing for long.
 
     Raises:
         NotFound: no such environment.
@@ -237,7 +245,8 @@ def environment_factory(base_url: str, env_id: str, *, api_key: str | None = Non
             raise ValueError(f"tool {name!r} of {env_id} has the name of a method the trainer calls itself")
     class_name = "".join(part.capitalize() for part in env_id.split("_") if part) or "Environment"
     spec = Spec(class_name if plain_name(class_name) else "Environment", env_id, mode,
-                f"Rollouts on envfoundry's {env_id}: {environment.summary}", tuple(environment.tools), http.config)
+                f"Rollouts on envfoundry's {env_id}: {environment.summary}", tuple(environment.tools), http.config,
+                idle_ttl_seconds)
     made = _build(spec, http)
     if client is None:
         weakref.finalize(made, http.close)  # the pool this call made: closed with the class

@@ -42,6 +42,7 @@ from envfoundry_client import leases
 from envfoundry_client.client import AsyncClient, Client
 from envfoundry_client.errors import EnvfoundryError, NotFound
 from envfoundry_client.models import Score
+from envfoundry_client.text_calls import parse
 
 JSON = dict[str, Any]
 
@@ -50,6 +51,7 @@ class EnvfoundryData(vf.TaskData):
     base_url: str
     env_id: str
     scenario_id: str
+    idle_ttl_seconds: float | None = None
 
 
 class EnvfoundryState(vf.State):
@@ -63,6 +65,9 @@ class EnvfoundryTasksetConfig(vf.TasksetConfig):
     """Environments whose scenarios are tasks (empty: every environment of the catalog)."""
     scenario_ids: list[str] = Field(default_factory=list)
     """Only these scenarios, in this order (empty: all of the chosen environments)."""
+    idle_ttl_seconds: float | None = Field(default=None, ge=1)
+    """Each rollout's session expires this long after its last call (None: ``ENVFOUNDRY_SESSION_IDLE_SECONDS``,
+    else the service's TTL), so what a killed run leaves is reaped soon."""
 
 
 class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
@@ -73,7 +78,7 @@ class EnvfoundryTask(vf.Task[EnvfoundryData, EnvfoundryState]):
     async def setup(self, trace: vf.Trace) -> None:
         """Open this rollout's session on the scenario."""
         async with AsyncClient(self.data.base_url) as ef:
-            session = await ef.create_session(self.data.scenario_id)
+            session = await ef.create_session(self.data.scenario_id, idle_ttl_seconds=self.data.idle_ttl_seconds)
             leases.hold(ef.config, session.session_id)  # deleted at exit or on SIGTERM if cleanup never runs
         trace.state.session_id = session.session_id
         trace.info["envfoundry_session_id"] = session.session_id  # the state is not saved with the trace
@@ -116,12 +121,15 @@ class EnvfoundryTaskset(vf.Taskset[EnvfoundryTask, EnvfoundryTasksetConfig]):
             system = f"{environment.introduction}\n\nRules:\n{rules}" if rules else environment.introduction
             yield EnvfoundryTask(EnvfoundryData(
                 id=scenario.scenario_id, name=scenario.scenario_id, prompt=scenario.task, system_prompt=system,
-                base_url=base_url, env_id=scenario.env_id, scenario_id=scenario.scenario_id), self.config.task)
+                base_url=base_url, env_id=scenario.env_id, scenario_id=scenario.scenario_id,
+                idle_ttl_seconds=self.config.idle_ttl_seconds), self.config.task)
 
 
 class EnvfoundryHarnessConfig(vf.HarnessConfig):
     max_turns: int = Field(40, ge=1)
-    """Model turns a rollout may take before the loop stops it (``--env.agent.max-turns`` also applies)."""
+    """Model turns a rollout may take before the loop stops it. verifiers parses the harness's own flags
+    only when the harness is named (``--env.agent.harness.id envfoundry-verifiers
+    --env.agent.harness.max-turns N``); ``--env.agent.max-turns N`` works without it."""
     model_timeout: float = Field(300.0, gt=0)
     """Seconds to wait for one model answer."""
 
@@ -158,7 +166,13 @@ class EnvfoundryHarness(vf.Harness[EnvfoundryHarnessConfig]):
                 messages.append({"role": "assistant", "content": message.get("content"),
                                  **({"tool_calls": calls} if calls else {})})
                 if not calls:
-                    return vf.ProgramResult(0, message.get("content") or "", "")
+                    written = await _text_calls(ef, session_id, message.get("content") or "")
+                    if isinstance(written, vf.ProgramResult):
+                        return written
+                    if written is None:
+                        return vf.ProgramResult(0, message.get("content") or "", "")
+                    messages.append(written)
+                    continue
                 for call in calls:
                     function = call.get("function") or {}
                     # a refused or malformed call is the environment's observation: the model sees it;
@@ -198,6 +212,27 @@ class EnvfoundryEnvConfig(vf.EnvConfig):
 class EnvfoundryEnv(vf.Env[EnvfoundryEnvConfig]):
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
         await agents.agent.run(task)
+
+
+async def _text_calls(ef: AsyncClient, session_id: str, content: str) -> JSON | vf.ProgramResult | None:
+    """Run the calls a model wrote as ``<tool_call>`` text (see ``text_calls``), in order; their
+    observations go back as one user message of ``<tool_response>`` blocks, as the chat templates
+    of such models render tool results. None: the text holds no call (the answer). A block that is
+    not a call is answered with why, and costs the session nothing."""
+    _, written = parse(content)
+    if not written:
+        return None
+    responses = []
+    for call in written:
+        if call.name is None:
+            responses.append(f"<tool_response>\nError: {call.problem}; nothing was called.\n</tool_response>")
+            continue
+        try:
+            result = await ef.call(session_id, call.name, call.arguments)
+        except EnvfoundryError as exc:
+            return vf.ProgramResult(1, "", _service_failure(session_id, exc))
+        responses.append(f"<tool_response>\n{result.observation}\n</tool_response>")
+    return {"role": "user", "content": "\n".join(responses)}
 
 
 def _session(trace: vf.Trace) -> str:
