@@ -302,7 +302,8 @@ class Sessions:
     async def live(self, offset: int, limit: int, *, tenant: str = "") -> tuple[list[Snapshot], int]:
         """A page of the tenant's live sessions (those that expired or were deleted meanwhile are left out)."""
         ids, total = await self._store(self.store.live(tenant, offset, limit))
-        snaps = [await self._store(self.store.load(sid)) for sid in ids]
+        # Meta only, read at once: a page of an RL batch's sessions may hold gigabytes of state.
+        snaps = await asyncio.gather(*(self._store(self.store.load(sid, blobs=False)) for sid in ids))
         kept = []
         for snap in snaps:
             if snap is None or snap.meta.tenant != tenant:
