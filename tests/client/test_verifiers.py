@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -100,6 +101,18 @@ def on_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarting]:
     yield from restarting(None, tmp_path_factory.mktemp("memory-ef"))
 
 
+def vf_eval_args(chat: Running, outputs: Path) -> list[str]:
+    """What every run passes ``vf-eval``: the taskset, the scripted model, and no upload or dashboard."""
+    return ["envfoundry-verifiers", "-m", MODEL, "--client.base-url", chat.url, "--client.api-key-var", "SCRIPTED_KEY",
+            "--push", "False", "--rich", "None", "-o", str(outputs)]
+
+
+def peer_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
+    env.update(HOME=str(home), SCRIPTED_KEY="agent-key", **extra)  # verifiers keeps its cache and scratch under HOME
+    return env
+
+
 @pytest.fixture(scope="module")
 def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], chat: Running,
          on_redis: Restarting, on_memory: Restarting, tmp_path_factory: pytest.TempPathFactory) -> Runs:
@@ -110,9 +123,7 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
     # lib-001: track 0 solves it, track 1 does one part of three; store-001: the solving track, cut short;
     # lib-003: solved by calls written as text
     chat.script.reset({lib: LIB_001, store: STORE_001[:1], written: LIB_003_AS_TEXT})
-    common = ["envfoundry-verifiers", "-m", MODEL,
-              "--client.base-url", chat.url, "--client.api-key-var", "SCRIPTED_KEY",
-              "--push", "False", "--rich", "None", "-o", str(tmp / "outputs")]
+    common = vf_eval_args(chat, tmp / "outputs")
     plan = {  # the runs are made in this order
         "solve": ["--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"],
         "foreign": ["--env.taskset.env-ids", '["library_circulation"]', "--env.taskset.scenario-ids", '["store-001"]'],
@@ -143,10 +154,8 @@ def runs(verifiers_python: Path, ef_server: Server, keyed: tuple[Server, str], c
                 on_memory.restart()
 
     chat.script.before_answer = restart_mid_run
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFOUNDRY_", "OPENAI_", "PRIME_"))}
-    env.update(HOME=str(tmp), SCRIPTED_KEY="agent-key", ENVFOUNDRY_API_KEY=key)  # verifiers keeps its cache and scratch under HOME
     done = subprocess.run([str(verifiers_python), str(PEER), json.dumps(argv)],
-                          capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
+                          capture_output=True, text=True, cwd=tmp, env=peer_env(tmp, ENVFOUNDRY_API_KEY=key), timeout=300)
     chat.script.before_answer = None
     for service in (on_redis, on_memory):
         if service.started is not None:
@@ -295,3 +304,69 @@ def test_sessions_lost_in_a_memory_store_restart_end_their_rollouts_unscored_say
         (error,) = trace["errors"]
         session = trace["info"]["envfoundry_session_id"]
         assert f"envfoundry session {session} is gone: the service restarted on a memory store" in error["message"]
+
+
+@pytest.fixture
+def alone(redis_url: str, tmp_path: Path) -> Iterator[Server]:
+    """A service on Redis under a key prefix of its own: every session it lists is the run's."""
+    prefix = f"eftest-{secrets.token_hex(4)}"
+    server = start_server(tmp_path, redis_url=redis_url, extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})
+    yield server
+    server.stop()
+    drop_keys(redis_url, prefix)
+
+
+def live_sessions(server: Server) -> list[str]:
+    return [s["session_id"] for s in httpx.get(f"{server.url}/v1/sessions").json()["sessions"]]
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_mid_run_ends_vf_eval_and_deletes_every_session_of_the_run(
+        verifiers_python: Path, chat: Running, alone: Server, tmp_path: Path) -> None:
+    lib = task(alone, "lib-001")
+    chat.script.reset({lib: LIB_001})
+    reached, answer = threading.Event(), threading.Event()
+    asked = [0]
+
+    def hold_third_request(route: str) -> None:
+        # two rollouts open with two requests; the third follows a turn's tool calls, and neither
+        # rollout can end before it is answered. Holding it holds the scripted server, so the run
+        # stands still with both sessions open.
+        if route == lib:
+            asked[0] += 1
+            if asked[0] == 3:
+                reached.set()
+                answer.wait(120)
+
+    args = [*vf_eval_args(chat, tmp_path / "outputs"), "--run.dir", "term", "--env.taskset.base-url", alone.url,
+            "--env.taskset.scenario-ids", '["lib-001"]', "-r", "2"]
+    log = tmp_path / "vf-eval.log"
+    chat.script.before_answer = hold_third_request
+    # vf-eval in a process group of its own, signalled as a whole, as a scheduler stops a job
+    with log.open("w") as out:
+        run = subprocess.Popen([str(verifiers_python.parent / "vf-eval"), *args], cwd=tmp_path,
+                               env=peer_env(tmp_path), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert reached.wait(180), log.read_text()[-4000:]
+        deadline = time.monotonic() + 30
+        while len(opened := live_sessions(alone)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(opened) == 2, opened
+        os.killpg(run.pid, signal.SIGTERM)
+        answer.set()
+        code = run.wait(60)
+    finally:
+        answer.set()
+        chat.script.before_answer = None
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    # leases deletes the held sessions in its SIGTERM handler, then hands the signal to verifiers', which
+    # raises KeyboardInterrupt: every rollout unwinds through its cleanup (finding its session gone) and
+    # vf-eval exits 130, not by the signal. (The cleanups alone delete them too; leases is there for a
+    # process whose own handler does not unwind.)
+    assert code == 130, log.read_text()[-4000:]
+    assert (tmp_path / "outputs" / "term" / "traces.jsonl").read_text() == ""  # nothing scored, nothing half-written
+    assert live_sessions(alone) == []
+    for session_id in opened:
+        assert httpx.get(f"{alone.url}/v1/sessions/{session_id}").status_code == 404
