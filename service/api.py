@@ -371,7 +371,7 @@ async def list_sessions(offset: int = Query(default=0, ge=0), limit: int = Query
 @router.get("/v1/sessions/{session_id}", response_model=schemas.SessionInfo, tags=["sessions"])
 async def get_session(session_id: str, who: Principal = Run,
                       engine: Sessions = Depends(sessions)) -> schemas.SessionInfo:
-    return _info(await engine.snapshot(session_id, tenant=who.tenant, blobs=False))
+    return _info(await engine.snapshot(session_id, tenant=who.tenant))
 
 
 @router.get("/v1/sessions/{session_id}/tools", response_model=schemas.ToolList, tags=["sessions"])

@@ -9,13 +9,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.settings import Settings
-
+# Light at import: a process the service spawns (the state-view pool) imports this module again
+# as its ``__main__``, and the settings would bring the whole web stack with them (1.6 s).
 if TYPE_CHECKING:
     from service.envscaler import ImportReport
+    from service.settings import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from service.settings import Settings
+
     overrides = {k: v for k, v in {
         "catalogs": args.catalog or None,
         "redis_url": args.redis,
@@ -99,6 +102,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from service.app import make_pool
+    from service.settings import Settings
     from service.validate import validate_catalog
 
     settings = Settings(workers=args.workers or 2)
@@ -230,6 +234,7 @@ def openapi_text() -> str:
     import json
 
     from service.app import create_app
+    from service.settings import Settings
 
     return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
 
