@@ -550,7 +550,8 @@ class Hog:
 
 async def test_module_code_that_uses_up_processes_gets_its_worker_replaced(pool_factory: Any) -> None:
     hog = EnvCode("hog-env", "hog", "Hog", HOG)
-    async with pool_factory(size=1) as pool:
+    # (a budget for 32 live sessions, which the hog's 200 processes pass; the default's 1,024 they would not)
+    async with pool_factory(size=1, residents=32) as pool:
         state = await _state(pool)
         with pytest.raises(RequestFailed):
             await pool.init_state(hog, {})
