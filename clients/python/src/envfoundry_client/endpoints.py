@@ -8,13 +8,13 @@ call and the service answers a repeat with the first response instead of applyin
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from envfoundry_client.environ import seconds_from_environment
 from envfoundry_client.models import (
     JSON,
     CallResult,
@@ -187,16 +187,7 @@ def idle_seconds_from_environment() -> float | None:
     """``ENVFOUNDRY_SESSION_IDLE_SECONDS``: the idle TTL every session this process opens asks for
     (None: the service's), so a trainer whose harness builds the clients (verifiers, TRL) can have
     what a SIGKILL leaves reaped in seconds without a change to its code."""
-    value = os.environ.get("ENVFOUNDRY_SESSION_IDLE_SECONDS")
-    if value is None or not value.strip():
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds >= 1:  # (NaN too)
-        raise ValueError(f"ENVFOUNDRY_SESSION_IDLE_SECONDS is {value!r}: seconds, 1 or more")
-    return seconds
+    return seconds_from_environment("ENVFOUNDRY_SESSION_IDLE_SECONDS", 1, "seconds, 1 or more")
 
 
 def create_session(scenario_id: str | None = None, *, env_id: str | None = None, init_config: JSON | None = None,

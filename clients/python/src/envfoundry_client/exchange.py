@@ -14,6 +14,7 @@ import httpx
 
 from envfoundry_client import __version__
 from envfoundry_client.endpoints import Operation
+from envfoundry_client.environ import seconds_from_environment
 from envfoundry_client.errors import PROBLEM_PREFIX, ProtocolError, from_response
 
 T = TypeVar("T")
@@ -31,17 +32,9 @@ RETRY_SECONDS = 30.0  # a restart of the service takes a few seconds: the defaul
 
 
 def _budget_from_environment() -> float:
-    """``ENVFOUNDRY_RETRY_SECONDS``, so that a client built by a harness (verifiers) can be tuned."""
-    value = os.environ.get("ENVFOUNDRY_RETRY_SECONDS")
-    if value is None or not value.strip():
-        return RETRY_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # (NaN too)
-        raise ValueError(f"ENVFOUNDRY_RETRY_SECONDS is {value!r}: seconds, 0 or more (0: no retry)")
-    return seconds
+    """``ENVFOUNDRY_RETRY_SECONDS``, else the default budget."""
+    seconds = seconds_from_environment("ENVFOUNDRY_RETRY_SECONDS", 0, "seconds, 0 or more (0: no retry)")
+    return RETRY_SECONDS if seconds is None else seconds
 
 
 @dataclass(frozen=True)
