@@ -8,16 +8,16 @@ ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE} AS sandbox
 ARG RUNTIME_DIGEST=unknown
 LABEL envfoundry.runtime=${RUNTIME_DIGEST}
-COPY sandbox/__init__.py sandbox/worker.py sandbox/runtime.py sandbox/envhost.py sandbox/forks.py sandbox/channel.py \
-     sandbox/contain.py sandbox/seccomp.py sandbox/codec.py sandbox/view.py sandbox/stateformat.py \
-     sandbox/protocol.py sandbox/resident.py sandbox/parts.py sandbox/deltas.py sandbox/memory.py sandbox/landlock.py \
-     sandbox/watch.py sandbox/readonly.py sandbox/footprint.py sandbox/answers.py \
-     sandbox/limits.py sandbox/scratch.py sandbox/randomness.py /opt/envfoundry/sandbox/
+# The worker side, its wire and the state codec (sandbox.backends.container.RUNTIME_FOLDERS): standard library only.
+COPY sandbox/__init__.py /opt/envfoundry/sandbox/
+COPY sandbox/worker /opt/envfoundry/sandbox/worker
+COPY sandbox/wire /opt/envfoundry/sandbox/wire
+COPY sandbox/state /opt/envfoundry/sandbox/state
 RUN python3 -m compileall -q /opt/envfoundry/sandbox
 USER 65534:65534
 WORKDIR /tmp
 # (no -E: the service sets the container's whole environment, PYTHONHASHSEED included)
-ENTRYPOINT ["python3", "-S", "-s", "-B", "/opt/envfoundry/sandbox/worker.py", "--container"]
+ENTRYPOINT ["python3", "-S", "-s", "-B", "/opt/envfoundry/sandbox/worker/main.py", "--container"]
 
 FROM ${BASE_IMAGE} AS service
 # Offline builds put the project's wheel and its dependencies in wheelhouse (scripts/docker-images

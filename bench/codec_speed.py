@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/codec_speed.py [--codec path/to/codec.py] [--repeat 30]
 
-``--codec`` loads another version of ``sandbox/codec.py`` (for example one written out with
-``git show main:sandbox/codec.py > /tmp/codec_main.py``), so two versions are measured on exactly
+``--codec`` loads another version of ``sandbox/state/codec.py`` (for example one written out with
+``git show main:sandbox/state/codec.py > /tmp/codec_main.py``), so two versions are measured on exactly
 the same states. Prints, per state, its encoded size and the median time of ``encode_state``,
 ``decode`` and ``view_encoded``. A state the codec refuses is reported with its error.
 """
@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sandbox.resident import instantiate, public_state  # noqa: E402
+from sandbox.worker.resident import instantiate, public_state  # noqa: E402
 
 GRAPH_MODULE = "ef_env_bench_graph"
 GRAPH_SOURCE = '''
@@ -39,7 +39,7 @@ class Node:
 
 def load_codec(path: str | None) -> types.ModuleType:
     if path is None:
-        from sandbox import codec
+        from sandbox.state import codec
 
         return codec
     spec = importlib.util.spec_from_file_location("codec_under_test", path)
@@ -121,7 +121,7 @@ def measure(codec: types.ModuleType, name: str, state: dict[str, Any], module: s
         return f"{name:28} refused: {exc}"
     enc = timed(lambda: codec.encode_state(state, module), repeat)
     dec = timed(lambda: codec.decode(json.loads(text), resolve), repeat)
-    # the view lives in sandbox.view now; a codec file from before the split still has its own
+    # the view lives in sandbox.state.view now; a codec file from before the split still has its own
     view_encoded = getattr(codec, "view_encoded", None) or _current_view().view_encoded
     vw = timed(lambda: view_encoded(json.loads(text)), repeat)
     return f"{name:28} {len(text) / 1024:8.1f} KB  encode {enc:8.3f} ms  decode {dec:8.3f} ms  " \
@@ -129,7 +129,7 @@ def measure(codec: types.ModuleType, name: str, state: dict[str, Any], module: s
 
 
 def _current_view() -> types.ModuleType:
-    from sandbox import view
+    from sandbox.state import view
 
     return view
 
@@ -146,7 +146,7 @@ def resolver(module: str | None) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--codec", help="path of another codec.py to measure instead of sandbox/codec.py")
+    parser.add_argument("--codec", help="path of another codec.py to measure instead of sandbox/state/codec.py")
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
     codec = load_codec(args.codec)

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from service.auth import new_key  # noqa: E402
+from service.api.auth import new_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LITERAL = ("from typing import List, Literal\n\nclass Picky:\n    def __init__(self):\n        self.picked = []\n\n"

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.layers import Layers  # noqa: E402
-from service.requirements import AllowList  # noqa: E402
+from service.catalog.packages.layers import Layers  # noqa: E402
+from service.catalog.requirements import AllowList  # noqa: E402
 
 
 async def measure(requirement: str, repeat: int) -> None:

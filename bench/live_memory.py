@@ -34,10 +34,10 @@ MB = 1 << 20
 
 def _backend(name: str) -> object:
     if name == "docker":
-        from sandbox.container import DockerBackend
+        from sandbox.backends.container import DockerBackend
 
         return DockerBackend("envfoundry/sandbox:dev", "bench-live-memory")
-    from sandbox.process import ProcessBackend
+    from sandbox.backends.process import ProcessBackend
 
     return ProcessBackend()
 

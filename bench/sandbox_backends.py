@@ -29,10 +29,10 @@ from sandbox.pool import Limits, WorkerPool  # noqa: E402
 
 def backend(name: str) -> object:
     if name == "docker":
-        from sandbox.container import DockerBackend
+        from sandbox.backends.container import DockerBackend
 
         return DockerBackend(os.environ.get("ENVFOUNDRY_SANDBOX_IMAGE", "envfoundry/sandbox:dev"), "efbench")
-    from sandbox.process import ProcessBackend
+    from sandbox.backends.process import ProcessBackend
 
     return ProcessBackend()
 

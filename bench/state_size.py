@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.servers import launch_service, timed  # noqa: E402
-from service.catalog import CheckItem, Scenario, ToolCall, build_environment, write_package  # noqa: E402
+from service.catalog.model import CheckItem, Scenario, ToolCall, build_environment, write_package  # noqa: E402
 
 CODE = '''
 class World:

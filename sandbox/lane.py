@@ -1,6 +1,6 @@
 """A call from the service straight to a session's live process, with no worker in between.
 
-When a worker keeps a session's process (its *resident*, see ``sandbox.runtime``) and can lend
+When a worker keeps a session's process (its *resident*, see ``sandbox.worker.runtime``) and can lend
 it, it hands the service the process's request pipe, answer pipe and pidfd over a Unix socket.
 The service then does for each call on that session what the worker would: wake the process
 (SIGCONT through the pidfd, which pins it: a recycled pid is never signalled), write the request,
@@ -21,8 +21,9 @@ import signal
 import socket
 from dataclasses import dataclass
 
-from sandbox import frames, protocol, scratch
-from sandbox.forks import Arriving
+from sandbox.wire import frames, protocol
+from sandbox.worker import scratch
+from sandbox.worker.forks import Arriving
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Tmp:
     could, entries owned by the worker's uid (the uid environment code runs as). The folders a
     container engine or confinement made for mounts under /tmp (package layers, a checkout) are
     root's and stay: removed from outside the worker's mount namespace, a mount point would take
-    its mount with it. Whatever a call left there is removed by ``sandbox.scratch``, off the
+    its mount with it. Whatever a call left there is removed by ``sandbox.worker.scratch``, off the
     event loop (see ``WorkerPool._on_lane``): it may be thousands of entries."""
 
     def __init__(self, fd: int, preserve: list[str], owner: int) -> None:

@@ -20,10 +20,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sandbox import answers, frames, lane, protocol
+from sandbox import lane
 from sandbox.errors import RequestFailed, SandboxBusy, WorkerLost
-from sandbox.forks import decode_answer
-from sandbox.limits import Limits
+from sandbox.wire import answers, frames, protocol
+from sandbox.wire.limits import Limits
+from sandbox.worker.forks import decode_answer
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -129,7 +130,7 @@ class Ending:
 
 @dataclass
 class WorkerMemory:
-    """What a worker last said of its memory (see ``sandbox.runtime.Runtime.memory``)."""
+    """What a worker last said of its memory (see ``sandbox.worker.runtime.Runtime.memory``)."""
 
     live: int = 0
     templates: int = 0  # initial states kept built (see ``init_state``)
@@ -154,7 +155,7 @@ class CallOutcome:
     error: dict[str, str] | None
     state: str | None  # new encoded state, or None when the call changed nothing (or sent a delta)
     diff: dict[str, list[dict[str, Any]]]
-    delta: dict[str, Any] | None = None  # the parts it changed, against the session's base (see sandbox.deltas)
+    delta: dict[str, Any] | None = None  # the parts it changed, against the session's base (see sandbox.state.deltas)
     rebase: bool = False  # ``state`` is to be the session's new base (its delta had grown)
 
 
@@ -613,7 +614,7 @@ class WorkerPool:
         same ``init_config``, same tenant), each worker builds that instance once and starts later
         sessions as forks of it, and the encoded state it made is kept here by its digest, so a
         session made from it costs neither building nor encoding the state, whatever its size.
-        ``stream`` and ``seed``: the session's randomness (see ``sandbox.randomness``).
+        ``stream`` and ``seed``: the session's randomness (see ``sandbox.worker.randomness``).
         """
         if self.limits.rebuild_every_call:  # nothing kept live, nothing forked from a template
             session = template = None
@@ -670,7 +671,7 @@ class WorkerPool:
         caller must ``forget`` the session if the step the call makes is not committed. With
         ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
         carry the ``delta`` instead of the state. ``stream`` and ``seed``: the session's randomness,
-        for a rebuild (see ``sandbox.randomness``)."""
+        for a rebuild (see ``sandbox.worker.randomness``)."""
         message = self._call_message(env, name, arguments, deltas, stream, seed)
         if self.limits.rebuild_every_call:
             return await self._rebuilt_call(message, env, await load_state())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 # Light at import: a process the service spawns (the state-view pool) imports this module again
 # as its ``__main__``, and the settings would bring the whole web stack with them (1.6 s).
 if TYPE_CHECKING:
-    from service.envscaler import ImportReport
+    from service.catalog.importers.envscaler import ImportReport
     from service.settings import Settings
 
 
@@ -33,10 +33,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.app import create_app, load_catalog
-    from service.auth import KeyFileError, KeyRing
-    from service.connections import bounded_protocol, bounded_websockets
+    from service.api.auth import KeyFileError, KeyRing
     from service.observability import configure_logging
+    from service.server.app import create_app, load_catalog
+    from service.server.connections import bounded_protocol, bounded_websockets
 
     settings = _settings(args)
     log_config = configure_logging(settings.log_format)
@@ -84,8 +84,8 @@ def _raise_descriptor_limit(settings: Settings) -> None:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from service.catalog import CatalogError
-    from service.manifest import LOCK_FILE, lock
+    from service.catalog.manifest import LOCK_FILE, lock
+    from service.catalog.model import CatalogError
 
     status = 0
     for folder in map(Path, args.dirs):
@@ -101,9 +101,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from service.app import make_pool
+    from service.engine.validate import validate_catalog
+    from service.server.app import make_pool
     from service.settings import Settings
-    from service.validate import validate_catalog
 
     settings = Settings(workers=args.workers or 2)
 
@@ -177,7 +177,7 @@ def _loopback(host: str) -> bool:
 def cmd_keys_new(args: argparse.Namespace) -> int:
     import re
 
-    from service.auth import new_key
+    from service.api.auth import new_key
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.tenant):
         print("error: --tenant: 1 to 64 letters, digits, '_', '.' or '-'", file=sys.stderr)
@@ -189,7 +189,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from service.envscaler import import_envscaler
+    from service.catalog.importers.envscaler import import_envscaler
 
     report = import_envscaler(Path(args.envs), Path(args.scenarios) if args.scenarios else None, Path(args.out))
     return _print_import(report, args.out)
@@ -205,21 +205,21 @@ def _print_import(report: ImportReport, out: str) -> int:
 
 
 def cmd_import_taubench(args: argparse.Namespace) -> int:
-    from service.taubench import import_taubench
+    from service.catalog.importers.taubench import import_taubench
 
     return _print_import(import_taubench(Path(args.checkout), Path(args.out)), args.out)
 
 
 def cmd_import_bfcl(args: argparse.Namespace) -> int:
-    from service.bfcl import CATEGORIES, import_bfcl
+    from service.catalog.importers.bfcl import CATEGORIES, import_bfcl
 
     categories = tuple(args.category or CATEGORIES)
     return _print_import(import_bfcl(Path(args.out), Path(args.source) if args.source else None, categories), args.out)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from service.catalog import Catalog
-    from service.envscaler import export_envscaler
+    from service.catalog.importers.envscaler import export_envscaler
+    from service.catalog.model import Catalog
 
     catalog = Catalog()
     for folder in args.dirs:
@@ -233,7 +233,7 @@ def openapi_text() -> str:
     """The committed contract: the app's OpenAPI document, stably formatted."""
     import json
 
-    from service.app import create_app
+    from service.server.app import create_app
     from service.settings import Settings
 
     return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the CLI reports our errors plainly instead of a traceback
         from pydantic import ValidationError
 
-        from service.catalog import CatalogError
+        from service.catalog.model import CatalogError
 
         if isinstance(exc, CatalogError):
             print(f"error: {exc.path + ': ' if exc.path else ''}{exc.message}", file=sys.stderr)

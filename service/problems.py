@@ -36,7 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.store import StoreError
+from service.stores.store import StoreError
 
 MEDIA_TYPE = "application/problem+json"
 # Validation problems listed in one answer (the rest are counted in ``errors_omitted``).

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AliasChoices, Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sandbox import limits
-from sandbox.limits import Limits
-from sandbox.process import UID_SPAN
-from service.catalog import CatalogError
-from service.connections import ConnectionBounds
-from service.layers import BUILD_UID
-from service.requirements import AllowList, Packages
-from service.sessions import SessionLimits
-from service.sockets import SocketLimits
+from sandbox.backends.process import UID_SPAN
+from sandbox.wire import limits
+from sandbox.wire.limits import Limits
+from service.api.sockets import SocketLimits
+from service.catalog.model import CatalogError
+from service.catalog.packages.layers import BUILD_UID
+from service.catalog.requirements import AllowList, Packages
+from service.engine.sessions import SessionLimits
+from service.server.connections import ConnectionBounds
 
 
 class _Settings(BaseSettings):
-    """The settings but the sandbox limits, which ``Settings`` adds from ``sandbox.limits``."""
+    """The settings but the sandbox limits, which ``Settings`` adds from ``sandbox.wire.limits``."""
 
     model_config = SettingsConfigDict(env_prefix="ENVFOUNDRY_", extra="ignore")
 
@@ -84,7 +84,7 @@ class _Settings(BaseSettings):
     api_keys: str | None = Field(
         default=None, description="API key lines 'sha256:<hex> <tenant> <scopes>' separated by newlines or ';'."
     )
-    api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/auth.py).")
+    api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/api/auth.py).")
     max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
     max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
     max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
@@ -171,7 +171,7 @@ class _Settings(BaseSettings):
         allowed = AllowList(self.allowed_requirements)
         if not allowed:
             return Packages(allowed, None)
-        from service.layers import Layers
+        from service.catalog.packages.layers import Layers
 
         return Packages(allowed, Layers(self.layers_dir, wheelhouse=self.wheelhouse, build_uid=self.build_uid))
 

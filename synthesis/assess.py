@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from service.catalog import Environment
+from service.catalog.model import Environment
 from synthesis import dedup, states, tester, tool_repair
 from synthesis.checker import JUDGED, method_source
 from synthesis.config import Thresholds

@@ -15,7 +15,7 @@ import ast
 from typing import Any
 
 from sandbox.pool import CallOutcome
-from service.catalog import Environment
+from service.catalog.model import Environment
 from synthesis import states
 from synthesis.answers import parse_verdict
 from synthesis.context import Context

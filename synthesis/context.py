@@ -40,7 +40,7 @@ class Context:
         """The sandbox pool, started on first use with the service's own limits."""
         async with self._pool_lock:
             if self._pool is None:
-                from service.app import make_pool
+                from service.server.app import make_pool
                 from service.settings import Settings
 
                 pool = make_pool(Settings(workers=self.config.run.sandbox_workers))

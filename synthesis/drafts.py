@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
-from service.catalog import CheckItem, Environment, Scenario, ToolCall
+from service.catalog.model import CheckItem, Environment, Scenario, ToolCall
 from synthesis import replay
 from synthesis.answers import Call, ChecklistItem, InitState, TaskSpec, parse_checklist, parse_solution, parse_task
 from synthesis.context import Context

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from service.catalog import Environment
+from service.catalog.model import Environment
 from synthesis.context import Context
 from synthesis.errors import Dropped
 from synthesis.report import DROPPED

@@ -16,8 +16,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from sandbox.pool import WorkerPool
-from service.catalog import Environment
-from service.registry import env_code
+from service.catalog.model import Environment
+from service.catalog.registry import env_code
 from synthesis.answers import Call
 
 

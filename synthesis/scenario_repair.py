@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from service.catalog import Environment
+from service.catalog.model import Environment
 from synthesis import parse as p
 from synthesis.answers import Call, parse_solution
 from synthesis.context import Context

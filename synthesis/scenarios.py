@@ -21,7 +21,7 @@ import asyncio
 from typing import Any
 
 from sandbox.pool import WorkerPool
-from service.catalog import Environment
+from service.catalog.model import Environment
 from synthesis import dedup, drafts, replay, scenario_repair, states
 from synthesis.answers import Call, InitState
 from synthesis.context import Context

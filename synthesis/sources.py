@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from service import outside_state
+from service.catalog import outside_state
 from synthesis.errors import ParseError
 from synthesis.parse import python_answer
 

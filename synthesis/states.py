@@ -7,9 +7,9 @@ from typing import Any
 
 from sandbox.errors import RequestFailed
 from sandbox.pool import WorkerPool
-from sandbox.view import view_encoded
-from service.catalog import Environment
-from service.registry import env_code
+from sandbox.state.view import view_encoded
+from service.catalog.model import Environment
+from service.catalog.registry import env_code
 from synthesis.answers import InitState, parse_init_state
 from synthesis.consistency import problems, schema_of
 from synthesis.context import Context

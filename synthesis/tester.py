@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.catalog import Environment
-from service.registry import env_code
+from service.catalog.model import Environment
+from service.catalog.registry import env_code
 from synthesis import checker, states
 from synthesis.answers import parse_probe_call
 from synthesis.context import Context

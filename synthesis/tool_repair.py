@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox.errors import RequestFailed
-from service.catalog import CatalogError, Environment, build_environment
-from service.registry import env_code
+from service.catalog.model import CatalogError, Environment, build_environment
+from service.catalog.registry import env_code
 from synthesis import checker, states
 from synthesis.answers import EnvTexts, parse_env_texts
 from synthesis.assembly import replace_method

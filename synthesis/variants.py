@@ -17,7 +17,7 @@ reference solution and the source's checks. A rewrite that still names the value
 that does not give it, is sent back to the model with the reason.
 
 Each variant is replayed turn by turn in the sandbox exactly as ``catalog validate`` replays any
-turn-based scenario (``service.validate.check_scenario``: the solution turn by turn, an agent
+turn-based scenario (``service.engine.validate.check_scenario``: the solution turn by turn, an agent
 that only ends turns must not score 1.0, the rebuild comparison); only variants without a
 problem are written.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
-from service.catalog import (
+from service.catalog.model import (
     MAX_TAGS,
     Catalog,
     CatalogError,
@@ -45,8 +45,8 @@ from service.catalog import (
     bundled_catalog_dir,
     write_package,
 )
+from service.engine.validate import Report, check_scenario, sessions_for
 from service.problems import ServiceError
-from service.validate import Report, check_scenario, sessions_for
 from synthesis import parse
 from synthesis.config import SynthConfig
 from synthesis.context import Context

@@ -209,7 +209,7 @@ def docker_client() -> Iterator[Any]:
         client.ping()
     except docker.errors.DockerException as exc:
         unavailable(f"no Docker engine is reachable ({exc}); scripts/docker-setup starts one")
-    from sandbox.container import RUNTIME_LABEL, runtime_digest
+    from sandbox.backends.container import RUNTIME_LABEL, runtime_digest
 
     try:
         current = client.images.get(SANDBOX_IMAGE).labels.get(RUNTIME_LABEL) == runtime_digest()

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.conftest import (
     REDIS_IMAGE,
     ROOT,

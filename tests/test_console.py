@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from service.auth import new_key
-from service.user_llm import STOP
+from service.api.auth import new_key
+from service.engine.user_llm import STOP
 from tests.conftest import BUNDLED, FIXTURES, Server, start_server
 from tests.scripted_openai import Running
 from tests.scripted_openai.queue import ChatQueue

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from envfoundry_client import Client, Forbidden, NotFound, Unauthorized
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.client.test_client import PROBE_CODE
 from tests.client.test_rollout import records, rollout
 from tests.conftest import Server, start_server

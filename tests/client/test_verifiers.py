@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.client.agent_scripts import LIB_001, LIB_003_AS_TEXT, STORE_001
 from tests.client.test_rollout import task
 from tests.conftest import ROOT, Server, drop_keys, start_server

@@ -22,10 +22,10 @@ def pool_factory(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
     def backend() -> Any:
         if docker is not None:
-            from sandbox.container import DockerBackend
+            from sandbox.backends.container import DockerBackend
 
             return DockerBackend(SANDBOX_IMAGE, f"eftest-{secrets.token_hex(4)}")
-        from sandbox.process import ProcessBackend
+        from sandbox.backends.process import ProcessBackend
 
         return ProcessBackend()
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from sandbox import codec, protocol
-from sandbox.codec import CodecError, decode, encode_state
-from sandbox.view import OVER, diff, view, view_encoded, view_encoded_within
+from sandbox.state import codec
+from sandbox.state.codec import CodecError, decode, encode_state
+from sandbox.state.view import OVER, diff, view, view_encoded, view_encoded_within
+from sandbox.wire import protocol
 
 ENV_MODULE = "ef_env_test"
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-import sandbox.view
-from sandbox.codec import decode, encode_state
-from sandbox.view import diff, view, view_encoded
+import sandbox.state.view
+from sandbox.state.codec import decode, encode_state
+from sandbox.state.view import diff, view, view_encoded
 
 ENV_MODULE = "ef_env_graph_test"
 
@@ -311,12 +311,12 @@ def test_view_past_the_depth_bound_is_marked_truncated() -> None:
         cursor = cursor[0] if isinstance(cursor, list) else cursor["deep"]
         depth += 1
     assert cursor == {"$truncated": "depth"}
-    assert depth == sandbox.view.MAX_DEPTH
+    assert depth == sandbox.state.view.MAX_DEPTH
     assert view_encoded(json.loads(json.dumps({"deep": view(deep)}))) == shown
 
 
 def test_view_past_the_size_bound_is_marked_truncated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox.view, "MAX_VIEW_NODES", 50)
+    monkeypatch.setattr(sandbox.state.view, "MAX_VIEW_NODES", 50)
     state = {"items": [[i] for i in range(100)]}
     for shown in (view(state), view_encoded(json.loads(encode_state(state)))):
         assert shown["items"][:48] == [[i] for i in range(48)]

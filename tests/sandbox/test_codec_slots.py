@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.codec import decode, encode_state
-from sandbox.parts import shares
-from sandbox.resident import resolver
-from sandbox.view import view, view_encoded
+from sandbox.state.codec import decode, encode_state
+from sandbox.state.parts import shares
+from sandbox.state.view import view, view_encoded
+from sandbox.worker.resident import resolver
 
 ENV_MODULE = "ef_env_slots"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.container import INSTANCE_LABEL, SERVICE_LABEL, DockerBackend
+from sandbox.backends.container import INSTANCE_LABEL, SERVICE_LABEL, DockerBackend
 from sandbox.pool import Limits, WorkerPool
 from tests.conftest import SANDBOX_IMAGE, containers_of, start_server
 

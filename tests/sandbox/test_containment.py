@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool import EnvCode, Limits, worker_memory_mb
-from sandbox.view import view_encoded
+from sandbox.state.view import view_encoded
 from tests.sandbox.test_contract import PROBE, _descendants, _state, _worker_pid
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ import pytest
 
 from sandbox.errors import RequestFailed
 from sandbox.pool import EnvCode, Limits, WorkerPool
-from service.catalog import Catalog
+from service.catalog.model import Catalog
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.anyio
@@ -296,7 +296,7 @@ async def test_memory_limit_is_configurable(pool_factory: Any, memory_mb: int, f
 
 
 async def test_missing_containment_is_reported_loudly(caplog: pytest.LogCaptureFixture) -> None:
-    from sandbox.process import ProcessBackend
+    from sandbox.backends.process import ProcessBackend
 
     pool = WorkerPool(ProcessBackend(contain=False), 1, Limits())
     with caplog.at_level("WARNING", logger="envfoundry.sandbox"):
@@ -346,8 +346,8 @@ import sys
 
 LOG = []
 try:
-    import sandbox.channel as channel
-    import sandbox.protocol as protocol
+    import sandbox.worker.channel as channel
+    import sandbox.wire.protocol as protocol
     original_receive, original_read = channel.receive, protocol.read_frame
 
     def spy_receive(*args, **kwargs):
@@ -361,7 +361,7 @@ try:
         return message
 
     channel.receive, protocol.read_frame = spy_receive, spy_read
-    import sandbox.runtime as runtime
+    import sandbox.worker.runtime as runtime
     runtime.Runtime.handle = lambda self, request: {"id": request.get("id"), "ok": True, "hijacked": True}
 except ImportError:
     pass

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from sandbox.codec import encode_state
-from sandbox.deltas import Base, Delta, DeltaError, compose, field, problem
-from sandbox.parts import Parts
+from sandbox.state.codec import encode_state
+from sandbox.state.deltas import Base, Delta, DeltaError, compose, field, problem
+from sandbox.state.parts import Parts
 
 
 def _mutate(state: dict[str, Any], rng: random.Random) -> None:

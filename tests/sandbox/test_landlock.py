@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import landlock
+from sandbox.worker.confine import landlock
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(landlock.abi() < 1, reason="this kernel has no Landlock")
@@ -39,7 +39,7 @@ def test_the_plan_opens_all_but_hidden_folders_and_gives_back_readable_ones(tmp_
 
 PROBE = """
 import ctypes, json, os, sys
-from sandbox import landlock
+from sandbox.worker.confine import landlock
 ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as every worker sets
 layers, mine = sys.argv[1], sys.argv[2]
 landlock.restrict(hidden=(layers,), readable=(mine,))

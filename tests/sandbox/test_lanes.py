@@ -159,7 +159,8 @@ def test_lent_descriptors_are_not_inherited_by_what_the_service_starts() -> None
     """The pipes and pidfds the service holds are close-on-exec (``socket.recv_fds`` asks for it)."""
     import socket
 
-    from sandbox import lane, protocol
+    from sandbox import lane
+    from sandbox.wire import protocol
 
     ours, theirs = socket.socketpair()
     read, write = os.pipe()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool import EnvCode, WorkerPool
-from sandbox.resident import CLASS_FIELD, instantiate, public_state
+from sandbox.worker.resident import CLASS_FIELD, instantiate, public_state
 from tests.sandbox.test_residents import Stored
 
 pytestmark = pytest.mark.anyio

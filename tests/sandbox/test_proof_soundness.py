@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from sandbox.readonly import ReadOnly
-from sandbox.resident import LiveSession
+from sandbox.state.readonly import ReadOnly
+from sandbox.worker.resident import LiveSession
 
 HEADER = '''
 import contextlib

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool import EnvCode, WorkerPool
-from sandbox.randomness import HIDDEN
+from sandbox.worker.randomness import HIDDEN
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.readonly import ReadOnly
-from sandbox.resident import LiveSession
+from sandbox.state.readonly import ReadOnly
+from sandbox.worker.resident import LiveSession
 
 HEADER = '''
 import random

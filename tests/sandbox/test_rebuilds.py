@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from sandbox import view
-from sandbox.deltas import Base, compose
 from sandbox.pool import EnvCode, Stored, WorkerPool
-from sandbox.resident import instantiate, public_state
+from sandbox.state import view
+from sandbox.state.deltas import Base, compose
+from sandbox.worker.resident import instantiate, public_state
 
 pytestmark = pytest.mark.anyio
 

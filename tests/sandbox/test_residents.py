@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox import codec, view
-from sandbox.parts import Parts, shares
 from sandbox.pool import WorkerPool
+from sandbox.state import codec, view
+from sandbox.state.parts import Parts, shares
 from tests.sandbox.test_contract import PROBE, _descendants, _worker_pid
 
 pytestmark = pytest.mark.anyio

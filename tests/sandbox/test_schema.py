@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.schema import SchemaError, extract_tools
+from service.catalog.schema import SchemaError, extract_tools
 
 
 def _tools(source: str, class_name: str = "Env") -> dict[str, dict[str, Any]]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.deltas import Base, compose
 from sandbox.pool import EnvCode, Stored, WorkerPool
+from sandbox.state.deltas import Base, compose
 
 pytestmark = pytest.mark.anyio
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from sandbox import codec, view
-from sandbox.parts import Parts
-from sandbox.readonly import ReadOnly
-from sandbox.resident import LiveSession, public_state
+from sandbox.state import codec, view
+from sandbox.state.parts import Parts
+from sandbox.state.readonly import ReadOnly
+from sandbox.worker.resident import LiveSession, public_state
 
 CODE = '''
 KEPT = []
@@ -268,7 +268,7 @@ def test_with_the_proofs_what_they_do_not_cover_is_still_found(module: Any, tool
 
 
 def test_a_confined_write_looks_only_at_the_entries_it_names(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sandbox.parts as parts
+    import sandbox.state.parts as parts
 
     run = Run(module, proven=True)
     whole: list[str] = []
@@ -288,7 +288,7 @@ def test_a_cold_session_is_rebuilt_from_its_template_and_delta_exactly(
         module: Any, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     """A session kept as a template's initial state plus a delta comes back in a fork of the
     template by decoding only the parts its delta names, to exactly the stored state."""
-    from sandbox.deltas import Base, compose
+    from sandbox.state.deltas import Base, compose
 
     # (two sessions in this one process share its ``random``: one's fresh start must not read as the
     # other's draw, as it never could in sessions of their own processes)

@@ -60,7 +60,7 @@ def command_line(pid: int) -> str:
 def workers(server_pid: int) -> list[int]:
     """The sandbox worker processes the API process started (its direct children running worker.py)."""
     return [pid for pid in descendants(server_pid)
-            if _parent(pid) == server_pid and "sandbox/worker.py" in command_line(pid)]
+            if _parent(pid) == server_pid and "sandbox/worker/main.py" in command_line(pid)]
 
 
 def rss_kib(pid: int) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.auth import KeyFileError, KeyRing, digest, new_key
+from service.api.auth import KeyFileError, KeyRing, digest, new_key
 from tests.conftest import ROOT, Server, keyed_server
 from tests.service.test_api import problem
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.bfcl import ADDED_FUNCTIONS_PROMPT
+from service.catalog.importers.bfcl import ADDED_FUNCTIONS_PROMPT
 from tests.conftest import ROOT, start_server
 from tests.service.test_api import call, new_session, state
 from tests.service.test_cli import run
@@ -239,8 +239,8 @@ def test_miss_func_and_miss_param_are_played_turn_by_turn(client: httpx.Client) 
 
 
 def test_a_withheld_function_the_ground_truth_calls_earlier_arrives_where_it_is_called() -> None:
-    from service.bfcl import _arrivals
-    from service.catalog import ToolCall
+    from service.catalog.importers.bfcl import _arrivals
+    from service.catalog.model import ToolCall
 
     # miss_func 49's shape: tail is called in turn 1 but listed as missing until turn 3.
     entry = {"missed_function": {"3": ["wc", "tail"]}}

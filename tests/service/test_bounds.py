@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from service.analysis import Analysis
-from service.arguments import MAX_VALUES, ArgumentChecker
-from service.catalog import CatalogError
+from service.catalog.analysis import Analysis
+from service.catalog.model import CatalogError
+from service.engine.arguments import MAX_VALUES, ArgumentChecker
 from tests.service.test_api import new_session, problem, state
 
 BIG_LITERAL = "class Picky:\n    def __init__(self):\n        self.picked = []\n\n" \

@@ -1,5 +1,5 @@
 """Connection bounds of ``envfoundry serve`` over real sockets: what a client that never finishes
-a request can hold, and that everyone else is still answered (``service/connections.py``)."""
+a request can hold, and that everyone else is still answered (``service/server/connections.py``)."""
 
 from __future__ import annotations
 

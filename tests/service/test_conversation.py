@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.user_llm import STOP
+from service.engine.user_llm import STOP
 from tests.conftest import Server, start_server
 from tests.scripted_openai import Running
 from tests.scripted_openai.queue import ChatQueue

@@ -1,4 +1,4 @@
-"""Import and export of EnvScaler's released JSON files (service.envscaler)."""
+"""Import and export of EnvScaler's released JSON files (service.catalog.importers.envscaler)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from service.catalog import Catalog, CatalogError, bundled_catalog_dir
-from service.envscaler import ImportReport, export_envscaler, import_envscaler
+from service.catalog.importers.envscaler import ImportReport, export_envscaler, import_envscaler
+from service.catalog.model import Catalog, CatalogError, bundled_catalog_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "envscaler"
 ENVS = FIXTURES / "envs.json"

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.analysis import Analysis
-from service.auth import new_key
-from service.catalog import CatalogError
+from service.api.auth import new_key
+from service.catalog.analysis import Analysis
+from service.catalog.model import CatalogError
 from tests.conftest import Server, keyed_server
 from tests.service.test_api import problem
 

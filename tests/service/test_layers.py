@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.catalog import CatalogError, build_environment
-from service.layers import BUILD_UID, Layers
-from service.requirements import SETTING, AllowList, Packages, parse
+from service.catalog.model import CatalogError, build_environment
+from service.catalog.packages.layers import BUILD_UID, Layers
+from service.catalog.requirements import SETTING, AllowList, Packages, parse
 from service.settings import Settings
 from tests.wheels import make_wheel
 

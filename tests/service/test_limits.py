@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.conftest import Server, start_server
 from tests.service.test_api import call, new_session, problem, state
 

@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.conftest import BUNDLED, Server, start_server
 
 pytestmark = pytest.mark.anyio

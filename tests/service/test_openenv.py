@@ -20,7 +20,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.conftest import ROOT, Server, start_server
 
 PEER = Path(__file__).with_name("openenv_peer.py")

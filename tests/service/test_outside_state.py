@@ -3,7 +3,7 @@
 A session is stored as its instance's attributes and rebuilt from them whenever its live process
 is gone (eviction, another replica, a restart, forks and groups): a counter on the class, a module
 global, a class-level dict changed through ``self``... would be lost silently. See
-``service.outside_state``.
+``service.catalog.outside_state``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.catalog import Catalog, CatalogError, build_environment, bundled_catalog_dir
+from service.catalog.model import Catalog, CatalogError, build_environment, bundled_catalog_dir
 from tests.conftest import Server, start_server
 from tests.service.test_api import problem
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.resident import instantiate
+from sandbox.worker.resident import instantiate
 from tests.conftest import SANDBOX_IMAGE, Server, drop_keys, start_server
 
 

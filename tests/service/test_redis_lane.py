@@ -10,9 +10,9 @@ import time
 import pytest
 import redis
 
-from service.redis_lane import pack
-from service.redis_store import RedisStore
-from service.store import SessionMeta, StoreError
+from service.stores.redis_lane import pack
+from service.stores.redis_store import RedisStore
+from service.stores.store import SessionMeta, StoreError
 
 pytestmark = pytest.mark.anyio
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from sandbox.pool import CallOutcome
-from service.auth import new_key
+from service.api.auth import new_key
+from service.engine.replays import ReplayBudget, ReplayCache
+from service.engine.rewind import _difference
 from service.problems import QuotaExceeded
-from service.replays import ReplayBudget, ReplayCache
-from service.rewind import _difference
 from tests.conftest import Server, keyed_server, start_server
 from tests.service import proctree
 from tests.service.test_api import new_session, problem
@@ -25,7 +25,7 @@ from tests.service.test_faults import InFlight
 from tests.service.test_observability import sample
 
 # Its entries are reached twice: not a tree, so every step stores a whole state and a past state
-# is rebuilt by running the steps again (nothing to add up from step records, see service/past.py).
+# is rebuilt by running the steps again (nothing to add up from step records, see service/engine/past.py).
 SHARED = '''
 import time
 

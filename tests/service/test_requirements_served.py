@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from service.layers import Layers
-from service.requirements import AllowList
+from service.catalog.packages.layers import Layers
+from service.catalog.requirements import AllowList
 from tests.conftest import Server, start_server
 from tests.wheels import make_wheel
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import new_key
-from service.catalog import Catalog, Scenario
-from service.scenario_index import ScenarioIndex, ScenarioQuery, decode_cursor, encode_cursor, page
+from service.api.auth import new_key
+from service.catalog.model import Catalog, Scenario
+from service.catalog.scenario_index import ScenarioIndex, ScenarioQuery, decode_cursor, encode_cursor, page
 from tests.conftest import BUNDLED, FIXTURES, Server, keyed_server
 from tests.service.test_api import problem
 

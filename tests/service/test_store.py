@@ -1,4 +1,4 @@
-"""One contract suite for both session stores (``service.store.SessionStore``).
+"""One contract suite for both session stores (``service.stores.store.SessionStore``).
 
 Every test that takes ``store`` or ``make_store`` runs against the in-process
 ``MemoryStore``, against ``RedisStore`` on a real Redis, and against ``RedisStore``
@@ -21,10 +21,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from service.keys import Keys
-from service.memory_store import MemoryStore
-from service.redis_store import RECONNECT_LONGEST, RedisStore, StoreUnavailable
-from service.store import BytesQuota, LockTimeout, SessionMeta, SessionStore, StoreError, new_session_id
+from service.stores.keys import Keys
+from service.stores.memory_store import MemoryStore
+from service.stores.redis_store import RECONNECT_LONGEST, RedisStore, StoreUnavailable
+from service.stores.store import BytesQuota, LockTimeout, SessionMeta, SessionStore, StoreError, new_session_id
 
 pytestmark = pytest.mark.anyio
 

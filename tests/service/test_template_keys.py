@@ -1,5 +1,5 @@
 """The key naming an initial state never names two configs, and finds lone surrogates in the pass it
-makes anyway (service/template_keys.py)."""
+makes anyway (service/engine/template_keys.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from service.template_keys import NotUnicode, config_key
+from service.engine.template_keys import NotUnicode, config_key
 
 
 def key(config: object, tenant: str = "t", code: str = "c") -> str:

@@ -1,4 +1,4 @@
-"""Episodes in turns (``service/turns.py``): a scripted user turn at a time, a tool that arrives in the second
+"""Episodes in turns (``service/engine/turns.py``): a scripted user turn at a time, a tool that arrives in the second
 turn, checks at the end of every turn (reading the turn's calls and closing message), over REST, MCP, OpenEnv
 and the Python client, on both stores; the turn kept in the store (a replica sees it) and by forks."""
 

@@ -1,4 +1,4 @@
-"""Bounds on OpenEnv WebSockets over real sockets (``service/sockets.py``): a refused upgrade is
+"""Bounds on OpenEnv WebSockets over real sockets (``service/api/sockets.py``): a refused upgrade is
 answered before it is accepted and let go at once, one tenant cannot hold more than its share of
 sockets, idle ones are closed, and other tenants are still answered."""
 
@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from service.auth import new_key
+from service.api.auth import new_key
 from tests.conftest import Server, start_server
 from tests.service.test_observability import sample
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from sandbox.backends.process import ProcessBackend
 from sandbox.pool import Limits, WorkerPool
-from sandbox.process import ProcessBackend
 from synthesis.config import SynthConfig
 from tests.conftest import ROOT
 from tests.scripted_openai import Running

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from sandbox.pool import WorkerPool
-from service.catalog import Environment
-from service.registry import env_code
+from service.catalog.model import Environment
+from service.catalog.registry import env_code
 from synthesis import replay
 from synthesis.answers import Call, parse_checklist, parse_init_state, parse_solution
 from synthesis.skeleton import environment

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.backends.process import ProcessBackend
 from sandbox.pool import Limits, WorkerPool
-from sandbox.process import ProcessBackend
-from service.catalog import Catalog, Scenario, bundled_catalog_dir
-from service.validate import Report, validate_catalog
+from service.catalog.model import Catalog, Scenario, bundled_catalog_dir
+from service.engine.validate import Report, validate_catalog
 from synthesis import cli
 from synthesis.errors import ParseError
 from synthesis.variants import UNCHANGED, Held, held_parameter, mentions, parse_rewrite

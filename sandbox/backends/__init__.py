@@ -1,0 +1,1 @@
+"""How workers are started and confined from outside: local processes or hardened containers."""

@@ -1,0 +1,1 @@
+"""Confining the worker and its forks: privileges, seccomp, Landlock. Standard library only."""

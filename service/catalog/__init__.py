@@ -1,0 +1,1 @@
+"""Environments and scenarios: the package format, where they are found, what their code may do."""

@@ -1,0 +1,1 @@
+"""Other projects' releases (EnvScaler, BFCL, tau-bench) imported as catalog packages."""

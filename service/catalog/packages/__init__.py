@@ -1,0 +1,1 @@
+"""Third-party packages environments declare: installed once per allowed set, read-only."""

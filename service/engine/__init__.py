@@ -1,0 +1,1 @@
+"""The session engine: create, call, observe, score, fork and rewind sessions; episodes in turns."""

@@ -1,0 +1,1 @@
+"""The server: the application factory, connection and body limits, and the process's own memory."""
