@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 # as its ``__main__``, and the settings would bring the whole web stack with them (1.6 s).
 if TYPE_CHECKING:
     from service.catalog.importers.envscaler import ImportReport
-    from service.settings import Settings
+    from service.server.settings import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    from service.settings import Settings
+    from service.server.settings import Settings
 
     overrides = {k: v for k, v in {
         "catalogs": args.catalog or None,
@@ -103,7 +103,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from service.engine.validate import validate_catalog
     from service.server.app import make_pool
-    from service.settings import Settings
+    from service.server.settings import Settings
 
     settings = Settings(workers=args.workers or 2)
 
@@ -234,7 +234,7 @@ def openapi_text() -> str:
     import json
 
     from service.server.app import create_app
-    from service.settings import Settings
+    from service.server.settings import Settings
 
     return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
 

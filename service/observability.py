@@ -1,9 +1,7 @@
-"""Metrics in Prometheus format and one structured log line per request.
+"""Metrics in Prometheus format and structured (JSON) log lines.
 
-Every request gets an id (a client's ``X-Request-ID`` when it is sane, else a
-new one), returned in ``X-Request-ID`` and carried by every log line written
-while the request runs. Logs hold no state, arguments or keys: only the route,
-tenant, session, status and duration.
+Every log line written while a request runs carries its id (``request_id``, set by
+``service.server.requestlog``). Logs hold no state, arguments or keys.
 """
 
 from __future__ import annotations
@@ -11,18 +9,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import re
-import secrets
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-log = logging.getLogger("envfoundry.access")
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
-SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -119,46 +111,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
-
-
-class RequestLog:
-    """ASGI middleware: request id, the access log line, and the HTTP metrics."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        offered = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        rid = offered if SANE_ID.match(offered) else secrets.token_hex(8)
-        token = request_id.set(rid)
-        started = time.perf_counter()
-        status = 500
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            elapsed = time.perf_counter() - started
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(elapsed)
-            state = scope.get("state") or {}
-            log.info("%s %s %d", method, route, status, extra={
-                "route": route, "method": method, "status": status, "duration_ms": round(elapsed * 1000, 3),
-                "tenant": state.get("tenant"), "session": (scope.get("path_params") or {}).get("session_id"),
-            })
-            request_id.reset(token)
 
 
 def configure_logging(fmt: str, level: int = logging.INFO) -> dict[str, Any]:

@@ -41,7 +41,7 @@ class Context:
         async with self._pool_lock:
             if self._pool is None:
                 from service.server.app import make_pool
-                from service.settings import Settings
+                from service.server.settings import Settings
 
                 pool = make_pool(Settings(workers=self.config.run.sandbox_workers))
                 await pool.start()

@@ -46,7 +46,7 @@ from service.catalog.model import (
     write_package,
 )
 from service.engine.validate import Report, check_scenario, sessions_for
-from service.problems import ServiceError
+from service.errors import ServiceError
 from synthesis import parse
 from synthesis.config import SynthConfig
 from synthesis.context import Context

@@ -1,5 +1,5 @@
 """The Kubernetes manifests: rendered like kustomize does, valid against the Kubernetes schemas, and
-setting only variables that service/settings.py reads."""
+setting only variables that service/server/settings.py reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from service.settings import Settings
+from service.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -96,7 +96,7 @@ def test_every_envfoundry_variable_the_pods_get_is_a_setting_and_parses(
     ours = {name for name in env if name.startswith("ENVFOUNDRY_")}
     assert "ENVFOUNDRY_REDIS_URL" in ours and "ENVFOUNDRY_API_KEYS_FILE" in ours
     known = {f"ENVFOUNDRY_{name.upper()}" for name in Settings.model_fields}
-    assert ours <= known, f"not settings of service/settings.py: {sorted(ours - known)}"
+    assert ours <= known, f"not settings of service/server/settings.py: {sorted(ours - known)}"
     for name in list(os.environ):
         if name.startswith("ENVFOUNDRY_") or name == "REDIS_URL":
             monkeypatch.delenv(name)

@@ -1,9 +1,10 @@
-"""The code's own checks: ruff's lint rules and mypy in strict mode, as pyproject.toml configures them."""
+"""The code's own checks: ruff's lint rules, mypy in strict mode and the import layers, as pyproject.toml configures them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -19,4 +20,11 @@ def test_ruff_finds_nothing() -> None:
 
 def test_mypy_strict_finds_nothing() -> None:
     done = _run("mypy")
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+def test_imports_keep_the_layers() -> None:
+    # A module imports only from layers below its own; the sandbox image's runtime only the standard library.
+    done = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]

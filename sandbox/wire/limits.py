@@ -1,7 +1,7 @@
 """Every sandbox limit, defined once: its default, its setting, and where it is enforced.
 
 A field of ``Limits`` may be
-- a setting (``ENVFOUNDRY_<SETTING>``; ``service.settings`` makes its fields from these),
+- a setting (``ENVFOUNDRY_<SETTING>``; ``service.server.settings`` makes its fields from these),
 - a worker flag (the worker enforces it, for every call it starts: ``worker_flags``),
 - a per-call field (each call request carries it, and the session's process enforces it:
   ``call_fields``),

@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.problems import Forbidden, Unauthorized
+from service.errors import Forbidden, Unauthorized
 
 SCOPES = ("run", "admin")
 ANONYMOUS_TENANT = ""

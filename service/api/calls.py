@@ -14,7 +14,7 @@ from typing import Any
 
 from service.engine import idempotency
 from service.engine.sessions import Applied, Sessions
-from service.problems import InvalidRequest
+from service.errors import InvalidRequest
 
 KEY = re.compile(idempotency.KEY_PATTERN)
 # What every transport shows of a committed call step.

@@ -46,8 +46,10 @@ from starlette.types import Receive, Scope, Send
 from service.api import calls
 from service.api.auth import Principal
 from service.api.broadcast import between_replicas
+from service.api.problems import problem_response
 from service.api.rest import created_body as created_view
 from service.api.schemas import MAX_SEED
+from service.catalog.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog.model import LABEL_PATTERN, MAX_TAGS
 from service.catalog.scenario_index import (
     DEFAULT_LIMIT,
@@ -58,9 +60,8 @@ from service.catalog.scenario_index import (
     scenario_query,
 )
 from service.engine import idempotency
-from service.engine.arguments import ArgumentChecker, ArgumentLimit
 from service.engine.sessions import Applied, Sessions
-from service.problems import InvalidRequest, ServiceError, problem_response, problem_type
+from service.errors import InvalidRequest, ServiceError, problem_type
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"
 SERVICE_PATH = "/v1/mcp"

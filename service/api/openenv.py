@@ -39,7 +39,7 @@ from service.catalog.scenario_index import ScenarioQuery
 from service.catalog.versions import split
 from service.engine import turns
 from service.engine.sessions import Applied, Sessions
-from service.problems import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
+from service.errors import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
 from service.stores.store import Snapshot
 
 # OpenEnv's ToolError.error_type for each of our tool error types.

@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 
 from service.api.openenv import Episodes
-from service.problems import ServiceError
+from service.errors import ServiceError
 
 log = logging.getLogger("envfoundry.openenv")
 

@@ -44,17 +44,16 @@ from typing import Any
 from fastapi import APIRouter, Body, FastAPI, Header, Query, Request, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from service import problems
-from service.api import openenv_rpc
+from service.api import openenv_rpc, problems
 from service.api.auth import Principal
 from service.api.calls import checked_key
+from service.api.limits import non_finite
 from service.api.openenv import Episodes, error_code, mcp_tools, problem
 from service.api.openenv_orphans import Orphans
 from service.api.rest import Run
 from service.api.sockets import Closing, Socket
 from service.engine import idempotency
-from service.problems import InvalidRequest, LimitExceeded, ServiceError
-from service.server.limits import non_finite
+from service.errors import InvalidRequest, LimitExceeded, ServiceError
 
 BASE = "/openenv/{env_id}"
 WS_ROUTE = f"{BASE}/ws"

@@ -28,7 +28,7 @@ from service.api.openenv import (
     mcp_tools,
     problem,
 )
-from service.problems import InvalidRequest, ServiceError
+from service.errors import InvalidRequest, ServiceError
 
 KEY_META = "envfoundry/idempotency-key"
 

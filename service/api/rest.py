@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api import calls, schemas
 from service.api.auth import KeyRing, Principal
+from service.api.problems import MEDIA_TYPE
 from service.catalog.model import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, Turn, new_scenario_id
 from service.catalog.model import CheckItem as CatalogCheck
 from service.catalog.registry import Registry
@@ -29,8 +30,8 @@ from service.catalog.scenario_index import (
 from service.catalog.versions import check_label
 from service.engine import idempotency, turns
 from service.engine.sessions import Applied, Created, Sessions
+from service.errors import InvalidEnvironment, InvalidRequest, Unavailable
 from service.observability import Metrics
-from service.problems import MEDIA_TYPE, InvalidEnvironment, InvalidRequest, Unavailable
 from service.stores.store import Snapshot, StoreError
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.problems import QuotaExceeded, Unavailable
+from service.errors import QuotaExceeded, Unavailable
 
 IDLE = 1001  # "going away": the server ends a socket nobody uses
 TRY_AGAIN_LATER = 1013

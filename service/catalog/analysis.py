@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from service.catalog.model import CatalogError, Environment, build_environment
-from service.engine.fairness import FairGate, NoSlot
+from sandbox.fairness import FairGate, NoSlot
 
 if TYPE_CHECKING:  # the child runs without site-packages (-S): the service's own imports stay out of it
     from service.observability import Metrics
@@ -54,7 +54,7 @@ class Analysis:
                     self.metrics.analysis_wait.observe(time.perf_counter() - started)
                 tools, imports = await self._tools(class_name, code)
         except NoSlot:
-            from service.problems import Unavailable
+            from service.errors import Unavailable
 
             raise Unavailable(f"no code-analysis slot came free within {self.wait:g} s; retry") from None
         if len(tools) > MAX_TOOLS:

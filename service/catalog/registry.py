@@ -23,15 +23,7 @@ from typing import Any, TypeVar
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool import EnvCode, WorkerPool
 from service.catalog.model import Catalog, CatalogError, ConflictError, Environment, Scenario, build_environment
-from service.problems import (
-    Conflict,
-    Forbidden,
-    InvalidEnvironment,
-    InvalidRequest,
-    NotFound,
-    QuotaExceeded,
-    Unavailable,
-)
+from service.errors import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from service.catalog.requirements import SETTING, AllowList, Packages
 from service.catalog.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
 from service.stores.store import BytesQuota, RecordLimit, SessionStore, stored_bytes

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from service.catalog.model import MAX_TAGS, CatalogError, Scenario, check_labels
-from service.problems import InvalidRequest
+from service.errors import InvalidRequest
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

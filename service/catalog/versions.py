@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from service.problems import InvalidRequest, NotFound
+from service.errors import InvalidRequest, NotFound
 
 SEPARATOR = "@"
 MIN_PREFIX = 6  # hex digits a digest prefix needs (fewer would match too much)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from service.problems import IdempotencyKeyReused, SessionBusy
+from service.errors import IdempotencyKeyReused, SessionBusy
 from service.stores.store import SessionStore
 
 HEADER = "Idempotency-Key"

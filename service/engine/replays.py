@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from service.problems import QuotaExceeded
+from service.errors import QuotaExceeded
 
 ReplayKey = tuple[str, str, int, str]  # (tenant, session id, step, environment code key)
 

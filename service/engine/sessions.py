@@ -17,22 +17,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
+from sandbox.fairness import FairGate, NoSlot
 from sandbox.pool import CallOutcome, Stored, WorkerPool
 from sandbox.state import deltas
 from sandbox.worker import randomness
+from service.catalog.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog.model import Environment, Scenario
 from service.catalog.registry import Registry, env_code
 from service.catalog.versions import split
 from service.engine import idempotency, past, rewind, steps, turns
-from service.engine.arguments import ArgumentChecker, ArgumentLimit
-from service.engine.fairness import FairGate, NoSlot
 from service.engine.offload import Offload, ViewError
 from service.engine.replays import ReplayBudget, ReplayCache
 from service.engine.template_keys import NotUnicode, config_key
 from service.engine.user_llm import Exchange, UserSimulator
 from service.engine.user_llm import UserLLMFailed as UserEndpointFailed
-from service.observability import Metrics
-from service.problems import (
+from service.errors import (
     Conflict,
     ConversationEnded,
     InvalidEnvironment,
@@ -46,6 +45,7 @@ from service.problems import (
     UserLLMFailed,
     UserLLMUnavailable,
 )
+from service.observability import Metrics
 from service.stores.store import (
     BytesQuota,
     Held,

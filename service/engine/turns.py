@@ -35,15 +35,7 @@ from sandbox.errors import SandboxError
 from service.catalog.model import Environment, Scenario, Turn
 from service.catalog.registry import env_code
 from service.engine import idempotency
-from service.problems import (
-    InvalidRequest,
-    LimitExceeded,
-    NotFound,
-    NotTurnBased,
-    SessionBusy,
-    TurnsEnded,
-    Unavailable,
-)
+from service.errors import InvalidRequest, LimitExceeded, NotFound, NotTurnBased, SessionBusy, TurnsEnded, Unavailable
 from service.stores.store import LockTimeout, Snapshot, StoreError
 
 if TYPE_CHECKING:

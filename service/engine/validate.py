@@ -13,7 +13,7 @@ from service.catalog.model import Catalog, CatalogError, Scenario
 from service.catalog.registry import Registry, env_code
 from service.catalog.requirements import AllowList, Packages
 from service.engine.sessions import Sessions
-from service.problems import ServiceError
+from service.errors import ServiceError
 from service.stores.memory_store import MemoryStore
 
 

@@ -13,10 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox.pool import Backend, WorkerPool
-from service import problems
-from service.api import mcp, openenv_routes, ui
+from service.api import mcp, openenv_routes, problems, ui
 from service.api.auth import KeyRing
 from service.api.fastpath import FastCalls
+from service.api.limits import BodyLimit
 from service.api.openenv_orphans import Orphans
 from service.api.rest import router
 from service.api.sockets import Sockets
@@ -26,10 +26,10 @@ from service.catalog.model import Catalog, bundled_catalog_dir
 from service.catalog.registry import Registry
 from service.engine.sessions import SessionLimits, Sessions
 from service.engine.user_llm import UserSimulator
-from service.observability import Metrics, RequestLog
+from service.observability import Metrics
 from service.server import heap
-from service.server.limits import BodyLimit
-from service.settings import Settings
+from service.server.requestlog import RequestLog
+from service.server.settings import Settings
 from service.stores.store import SessionStore
 
 log = logging.getLogger("envfoundry")

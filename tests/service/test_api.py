@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.problems import MEDIA_TYPE
+from service.api.problems import MEDIA_TYPE
 
 
 def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from service.catalog.analysis import Analysis
+from service.catalog.arguments import MAX_VALUES, ArgumentChecker
 from service.catalog.model import CatalogError
-from service.engine.arguments import MAX_VALUES, ArgumentChecker
 from tests.service.test_api import new_session, problem, state
 
 BIG_LITERAL = "class Picky:\n    def __init__(self):\n        self.picked = []\n\n" \

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from service.engine.fairness import FairGate, NoSlot
+from sandbox.fairness import FairGate, NoSlot
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from service.catalog.model import CatalogError, build_environment
 from service.catalog.packages.layers import BUILD_UID, Layers
 from service.catalog.requirements import SETTING, AllowList, Packages, parse
-from service.settings import Settings
+from service.server.settings import Settings
 from tests.wheels import make_wheel
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.anyio]

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from service.catalog.model import Catalog
-from service.settings import Settings
+from service.server.settings import Settings
 from tests.conftest import BUNDLED, start_server
 
 

@@ -17,7 +17,7 @@ from sandbox.pool import CallOutcome
 from service.api.auth import new_key
 from service.engine.replays import ReplayBudget, ReplayCache
 from service.engine.rewind import _difference
-from service.problems import QuotaExceeded
+from service.errors import QuotaExceeded
 from tests.conftest import Server, keyed_server, start_server
 from tests.service import proctree
 from tests.service.test_api import new_session, problem

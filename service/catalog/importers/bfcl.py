@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.engine.arguments import ArgumentChecker
+from service.catalog.arguments import ArgumentChecker
 from service.catalog.model import (
     Catalog,
     CatalogError,

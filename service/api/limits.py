@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.problems import problem_response
+from service.api.problems import problem_response
 
 
 class BodyLimit:

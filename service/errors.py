@@ -1,4 +1,4 @@
-"""Service errors and their one translation into RFC 9457 problem+json.
+"""The service's errors, at the bottom of every layer: what each means and the problem it becomes.
 
     ServiceError            500 internal
     ├── NotFound            404 not-found            (env, scenario, session)
@@ -18,6 +18,9 @@
     ├── LimitExceeded       422 limit-exceeded       (a named bound: array length, depth, size...)
     └── QuotaExceeded       429 quota-exceeded       (a tenant's quota; Retry-After says when to retry)
 
+Each class names its HTTP status and problem slug here, once; ``service.api.problems`` turns them
+into RFC 9457 problem+json and the JSON-RPC transports into their error codes.
+
 ``type`` is a stable URN per class; clients branch on it, not on ``detail``. A store error that
 reaches the edge untranslated is a 503 too, never a 500: an outage is not a bug.
 
@@ -28,19 +31,8 @@ tried again, a quota when it frees up) or, without such a figure, one second.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from service.stores.store import StoreError
-
-MEDIA_TYPE = "application/problem+json"
-# Validation problems listed in one answer (the rest are counted in ``errors_omitted``).
-MAX_ERRORS = 20
 # Problems a client may retry as they are (the same request can succeed later).
 RETRYABLE = frozenset({"session-busy", "unavailable", "user-llm-failed"})
 
@@ -172,28 +164,6 @@ class UserLLMUnavailable(ServiceError):
     title = "No simulated user"
 
 
-def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,
-                     retry_after: float | None = None, **extra: Any) -> JSONResponse:
-    body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
-    if instance:
-        body["instance"] = instance
-    body.update(extra)
-    headers: dict[str, str] = {}
-    if slug in RETRYABLE or retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after or 0)))
-    if status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers or None)
-
-
-def error_response(exc: ServiceError, instance: str) -> JSONResponse:
-    """The problem+json answer to ``exc`` (also a refused WebSocket upgrade's)."""
-    extra = dict(exc.extra)
-    retry = extra.pop("retry_after", None)
-    return problem_response(exc.status, exc.slug, exc.title, exc.detail, instance,
-                            retry if retry is not None else announced_retry(exc), **extra)
-
-
 def announced_retry(exc: BaseException | None) -> float | None:
     """The ``retry_after`` an error or one of its causes carries (e.g. the store's reconnect delay)."""
     seen = 0
@@ -204,53 +174,3 @@ def announced_retry(exc: BaseException | None) -> float | None:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return None
-
-
-# Where a value came from: the name alone says which field (a header keeps its own name).
-SOURCES = frozenset({"body", "query", "header", "path", "cookie"})
-
-
-def _field(error: dict[str, Any]) -> str:
-    """The dotted name of the field an error is about; 'body' when the body is not JSON at all."""
-    if error.get("type") == "json_invalid":
-        return "body"  # its loc is a character position, not a field
-    loc = list(error.get("loc", ()))
-    if loc and loc[0] in SOURCES:
-        loc = loc[1:]
-    # pydantic names the member of a union it tried ('dict[str,any]', 'function-after[...]'): not a field
-    parts = [str(p) for p in loc if not (isinstance(p, str) and "[" in p)]
-    return ".".join(parts) or "body"
-
-
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every error into problem+json."""
-
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc, request.url.path)
-
-    @app.exception_handler(StoreError)
-    async def store_error(request: Request, exc: StoreError) -> JSONResponse:
-        return problem_response(Unavailable.status, Unavailable.slug, Unavailable.title, str(exc), request.url.path,
-                                announced_retry(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # A body can fail in millions of places; the answer names the first few, never echoes input.
-        raw = exc.errors()
-        errors = [{"field": _field(e)[:200], "message": str(e.get("msg", ""))[:500]}
-                  for e in raw[:MAX_ERRORS]]
-        first = errors[0] if errors else {"field": "body", "message": "invalid"}
-        detail = f"{first['field']}: {first['message']}"
-        extra: dict[str, Any] = {"errors": errors}
-        if len(raw) > MAX_ERRORS:
-            extra["errors_omitted"] = len(raw) - MAX_ERRORS
-        return problem_response(422, "invalid-request", "Invalid request", detail, request.url.path, **extra)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400:  # the body could not be parsed at all (e.g. nested too deeply)
-            return problem_response(422, "invalid-request", "Invalid request", f"body: {exc.detail}",
-                                    request.url.path, errors=[{"field": "body", "message": str(exc.detail)}])
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        return problem_response(exc.status_code, slug, str(exc.detail), str(exc.detail), request.url.path)

@@ -1,0 +1,61 @@
+"""One structured access log line per request, and the HTTP metrics.
+
+Every request gets an id (a client's ``X-Request-ID`` when it is sane, else a
+new one), returned in ``X-Request-ID`` and carried by every log line written
+while the request runs. Logs hold no state, arguments or keys: only the route,
+tenant, session, status and duration.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.observability import Metrics, request_id
+
+log = logging.getLogger("envfoundry.access")
+SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class RequestLog:
+    """ASGI middleware: request id, the access log line, and the HTTP metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = offered if SANE_ID.match(offered) else secrets.token_hex(8)
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope["method"]
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            state = scope.get("state") or {}
+            log.info("%s %s %d", method, route, status, extra={
+                "route": route, "method": method, "status": status, "duration_ms": round(elapsed * 1000, 3),
+                "tenant": state.get("tenant"), "session": (scope.get("path_params") or {}).get("session_id"),
+            })
+            request_id.reset(token)
