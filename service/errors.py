@@ -6,6 +6,7 @@
     ├── InvalidEnvironment  422 invalid-environment  (code fails in the sandbox)
     ├── Conflict            409 conflict             (id taken, concurrent change)
     ├── PayloadTooLarge     413 payload-too-large
+    ├── HeaderTooLarge      431 header-too-large     (request line and headers, refused before routing)
     ├── SessionBusy         409 session-busy         (previous call still running)
     ├── IdempotencyKeyReused 422 idempotency-key-reused (same key, different request)
     ├── NotConversation     409 not-conversation     (messages to a task-mode session)
@@ -80,6 +81,12 @@ class PayloadTooLarge(ServiceError):
     status = 413
     slug = "payload-too-large"
     title = "Payload too large"
+
+
+class HeaderTooLarge(ServiceError):
+    status = 431
+    slug = "header-too-large"
+    title = "Request header fields too large"
 
 
 class SessionBusy(ServiceError):

@@ -46,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 from service.api import calls
 from service.api.auth import Principal
 from service.api.broadcast import between_replicas
-from service.api.problems import problem_response
+from service.api.problems import problem_body, problem_response, rpc_code
 from service.api.rest import created_body as created_view
 from service.api.schemas import MAX_SEED
 from service.catalog.arguments import ArgumentChecker, ArgumentLimit
@@ -61,14 +61,10 @@ from service.catalog.scenario_index import (
 )
 from service.engine import idempotency
 from service.engine.sessions import Applied, Sessions
-from service.errors import InvalidRequest, ServiceError, problem_type
+from service.errors import InvalidRequest, ServiceError
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"
 SERVICE_PATH = "/v1/mcp"
-# JSON-RPC codes for service errors: -32002 is what MCP servers answer for a missing resource;
-# the server-defined range (-32000) covers the rest. Clients branch on data.type, as with REST.
-NOT_FOUND_CODE = -32002
-SERVICE_ERROR_CODE = -32000
 KEY_META = "envfoundry/idempotency-key"
 REPLAYED_META = "envfoundry/replayed"
 PRINCIPAL = "envfoundry.principal"
@@ -77,13 +73,7 @@ Handler = Callable[[Sessions, dict[str, Any], str], Awaitable[Any]]
 
 def service_error(exc: ServiceError) -> MCPError:
     """The JSON-RPC error for a service error; ``data`` is the problem body REST answers with."""
-    code = NOT_FOUND_CODE if exc.status == 404 else types.INVALID_PARAMS if exc.status == 422 else SERVICE_ERROR_CODE
-    return MCPError(code=code, message=exc.detail, data=_problem(exc))
-
-
-def _problem(exc: ServiceError) -> dict[str, Any]:
-    return {"type": problem_type(exc.slug), "title": exc.title, "status": exc.status, "detail": exc.detail,
-            **exc.extra}
+    return MCPError(code=rpc_code(exc), message=exc.detail, data=problem_body(exc))
 
 
 def call_result(applied: Applied) -> types.CallToolResult:
@@ -365,7 +355,7 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
     try:
         answer = await tool[2](_engine(ctx), arguments, _tenant(ctx))
     except ServiceError as exc:
-        problem = _problem(exc)
+        problem = problem_body(exc)
         return types.CallToolResult(content=[types.TextContent(type="text", text=f"Error ({problem['type']}): "
                                                                                  f"{exc.detail}")],
                                     structured_content={"problem": problem}, is_error=True)

@@ -8,7 +8,7 @@ through ``Sessions`` (keys, tenants, quotas, idempotency, metrics as on REST).
 
 This module is transport-neutral: ``service/api/openenv_routes.py`` carries it over HTTP and the
 WebSocket. Service errors stay ``ServiceError``s here; each transport renders them once
-(``error_code`` gives OpenEnv's code for one).
+(``service.api.problems.openenv_code`` gives OpenEnv's code for one).
 
 Mapping onto OpenEnv's shapes:
 
@@ -39,7 +39,7 @@ from service.catalog.scenario_index import ScenarioQuery
 from service.catalog.versions import split
 from service.engine import turns
 from service.engine.sessions import Applied, Sessions
-from service.errors import InvalidRequest, NotFound, QuotaExceeded, ServiceError, problem_type
+from service.errors import InvalidRequest, NotFound, QuotaExceeded, ServiceError
 from service.stores.store import Snapshot
 
 # OpenEnv's ToolError.error_type for each of our tool error types.
@@ -48,28 +48,6 @@ TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "invalid_arguments": "inva
                     "sandbox_error": "execution_error"}
 RESET_FIELDS = frozenset({"scenario_id", "seed", "mode", "episode_id", "init_config", "idle_ttl_seconds"})
 MODES = ("task", "conversation")
-# JSON-RPC 2.0 codes.
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-SERVER_ERROR = -32000
-
-
-def error_code(exc: ServiceError) -> str:
-    """OpenEnv's error code for a service error (the problem body goes along for the detail)."""
-    if exc.status == 429:
-        return "CAPACITY_REACHED"
-    if exc.status in (400, 404, 413, 422):
-        return "VALIDATION_ERROR"
-    return "EXECUTION_ERROR"
-
-
-def problem(exc: ServiceError) -> dict[str, Any]:
-    """The RFC 9457 body REST answers for ``exc``."""
-    return {"type": problem_type(exc.slug), "title": exc.title, "status": exc.status, "detail": exc.detail,
-            **exc.extra}
-
-
 def mcp_tools(env: Environment, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The environment's tools (or ``tools``, those of a turn) in MCP's shape (name, description, inputSchema)."""
     return [{"name": t["function"]["name"], "description": t["function"].get("description") or "",

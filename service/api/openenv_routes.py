@@ -48,8 +48,9 @@ from service.api import openenv_rpc, problems
 from service.api.auth import Principal
 from service.api.calls import checked_key
 from service.api.limits import non_finite
-from service.api.openenv import Episodes, error_code, mcp_tools, problem
+from service.api.openenv import Episodes, mcp_tools
 from service.api.openenv_orphans import Orphans
+from service.api.problems import openenv_code, problem_body
 from service.api.rest import Run
 from service.api.sockets import Closing, Socket
 from service.engine import idempotency
@@ -251,7 +252,7 @@ def _dropped(conn: Connection) -> None:
 
 
 def _error(exc: ServiceError) -> dict[str, Any]:
-    return {"type": "error", "data": {"message": exc.detail, "code": error_code(exc), "problem": problem(exc)}}
+    return {"type": "error", "data": {"message": exc.detail, "code": openenv_code(exc), "problem": problem_body(exc)}}
 
 
 def _parsed(text: str, max_bytes: int, max_values: int) -> Any:

@@ -18,16 +18,8 @@ from typing import Any
 
 from service.api import calls
 from service.api.calls import checked_key
-from service.api.openenv import (
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    SERVER_ERROR,
-    Episodes,
-    call_observation,
-    mcp_tools,
-    problem,
-)
+from service.api.openenv import Episodes, call_observation, mcp_tools
+from service.api.problems import RPC_INVALID_PARAMS, RPC_INVALID_REQUEST, RPC_METHOD_NOT_FOUND, problem_body, rpc_code
 from service.errors import InvalidRequest, ServiceError
 
 KEY_META = "envfoundry/idempotency-key"
@@ -44,18 +36,17 @@ async def answer(episodes: Episodes, message: Any, bound: str | None = None) -> 
     """The JSON-RPC response to ``message``; ``bound`` is the episode of the WebSocket carrying it."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
         request_id = message.get("id") if isinstance(message, dict) else None
-        return rpc_error(request_id, INVALID_REQUEST, "a JSON-RPC 2.0 request needs jsonrpc '2.0' and a method")
+        return rpc_error(request_id, RPC_INVALID_REQUEST, "a JSON-RPC 2.0 request needs jsonrpc '2.0' and a method")
     request_id, method = message.get("id"), message["method"]
     params = message.get("params", {})
     if not isinstance(params, dict):
-        return rpc_error(request_id, INVALID_PARAMS, "params must be an object")
+        return rpc_error(request_id, RPC_INVALID_PARAMS, "params must be an object")
     try:
         result = await _dispatch(episodes, method, params, bound)
     except ServiceError as exc:
-        code = INVALID_PARAMS if exc.status in (404, 422) else SERVER_ERROR
-        return rpc_error(request_id, code, exc.detail, problem(exc))
+        return rpc_error(request_id, rpc_code(exc), exc.detail, problem_body(exc))
     if result is None:
-        return rpc_error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
+        return rpc_error(request_id, RPC_METHOD_NOT_FOUND, f"method not found: {method}")
     return {"jsonrpc": "2.0", "result": result, "id": request_id}
 
 

@@ -1,7 +1,10 @@
-"""Errors as RFC 9457 problem+json: the one translation of every error that reaches the HTTP edge.
+"""What a service error becomes at each edge, in one place: RFC 9457 problem+json over HTTP, a
+JSON-RPC error code (MCP and OpenEnv's JSON-RPC methods), and OpenEnv's WebSocket error code.
 
-The errors themselves are ``service.errors``; this module only renders them, and registers the
-handlers for the framework's own errors (validation, unknown routes) and the store's.
+The errors themselves are ``service.errors``. Every transport sends the same problem body (REST as
+the answer, JSON-RPC as ``error.data``, OpenEnv's WebSocket as ``data.problem``), so a client
+branches on its ``type`` whichever way it came. This module also registers the handlers for the
+framework's own errors (validation, unknown routes) and the store's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,36 @@ from service.stores.store import StoreError
 MEDIA_TYPE = "application/problem+json"
 # Validation problems listed in one answer (the rest are counted in ``errors_omitted``).
 MAX_ERRORS = 20
+# JSON-RPC 2.0's codes, and the one MCP servers answer for a missing resource.
+RPC_INVALID_REQUEST = -32600
+RPC_METHOD_NOT_FOUND = -32601
+RPC_INVALID_PARAMS = -32602
+RPC_SERVER_ERROR = -32000
+RPC_NOT_FOUND = -32002
+
+
+def problem_body(exc: ServiceError) -> dict[str, Any]:
+    """The RFC 9457 body for ``exc``: what every transport sends along with its own code."""
+    return {"type": problem_type(exc.slug), "title": exc.title, "status": exc.status, "detail": exc.detail,
+            **exc.extra}
+
+
+def rpc_code(exc: ServiceError) -> int:
+    """The JSON-RPC error code for ``exc``: not found, bad parameters, or the server-defined range."""
+    if exc.status == 404:
+        return RPC_NOT_FOUND
+    if exc.status in (400, 413, 422):
+        return RPC_INVALID_PARAMS
+    return RPC_SERVER_ERROR
+
+
+def openenv_code(exc: ServiceError) -> str:
+    """OpenEnv's WebSocket error code for ``exc``."""
+    if exc.status == 429:
+        return "CAPACITY_REACHED"
+    if exc.status in (400, 404, 413, 422):
+        return "VALIDATION_ERROR"
+    return "EXECUTION_ERROR"
 
 
 def problem_response(status: int, slug: str, title: str, detail: str, instance: str | None = None,

@@ -35,9 +35,11 @@ ROOM = "the server needs this connection for another client; try again later"
 
 @dataclass(frozen=True)
 class SocketLimits:
-    max_open: int = 512
-    per_tenant: int = 128
-    idle: float = 300.0
+    """The caps as configured (their defaults are ``Settings``'s)."""
+
+    max_open: int
+    per_tenant: int
+    idle: float
 
 
 class Closing(Exception):

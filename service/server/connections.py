@@ -24,6 +24,7 @@ uvicorn's WebSocket protocol with a close handshake the peer never completes cut
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,22 +32,27 @@ from typing import Any, Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
+from service.api.problems import problem_body
+from service.errors import HeaderTooLarge
+
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/problem+json\r\n"
                   b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
 @dataclass(frozen=True)
 class ConnectionBounds:
-    max_header_bytes: int = 64 * 1024
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    max_connections: int = 2048
+    """The bounds as configured (their defaults are ``Settings``'s)."""
+
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
 
 
 def _head_problem(limit: int) -> bytes:
-    detail = (b'{"type":"urn:envfoundry:problem:header-too-large","title":"Request header fields too large",'
-              b'"status":431,"detail":"the request line and headers exceed %d bytes","limit":"max_header_bytes",'
-              b'"value":%d}') % (limit, limit)
+    # Written on the socket before any framework sees the request: the body is the usual problem's.
+    exc = HeaderTooLarge(f"the request line and headers exceed {limit} bytes", limit="max_header_bytes", value=limit)
+    detail = json.dumps(problem_body(exc), separators=(",", ":")).encode()
     return HEAD_TOO_LARGE % (len(detail), detail)
 
 
@@ -69,7 +75,7 @@ def bounded_protocol(bounds: ConnectionBounds, websockets: WebSockets | None = N
 
 
 class _Bounded(HttpToolsProtocol):
-    bounds: ConnectionBounds = ConnectionBounds()
+    bounds: ConnectionBounds  # set by ``bounded_protocol``
     waiting: OrderedDict[_Bounded, None] = OrderedDict()
     websockets: WebSockets | None = None
 
