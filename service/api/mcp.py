@@ -47,8 +47,8 @@ from service.api import calls
 from service.api.auth import Principal
 from service.api.broadcast import between_replicas
 from service.api.problems import problem_body, problem_response, rpc_code
-from service.api.rest import created_body as created_view
 from service.api.schemas import MAX_SEED
+from service.api.views import created_body
 from service.catalog.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog.model import LABEL_PATTERN, MAX_TAGS
 from service.catalog.scenario_index import (
@@ -253,7 +253,7 @@ async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -
         raise InvalidRequest("give exactly one of scenario_id or env_id", field="scenario_id")
     if "scenario_id" in args and "init_config" in args:
         raise InvalidRequest("init_config goes with env_id; a scenario brings its own", field="init_config")
-    return created_view(await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"),
+    return created_body(await engine.create(args.get("scenario_id"), args.get("env_id"), args.get("init_config"),
                                             mode=args.get("mode", "task"), tenant=tenant, seed=args.get("seed")))
 
 

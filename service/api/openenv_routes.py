@@ -51,7 +51,7 @@ from service.api.limits import non_finite
 from service.api.openenv import Episodes, mcp_tools
 from service.api.openenv_orphans import Orphans
 from service.api.problems import openenv_code, problem_body
-from service.api.rest import Run
+from service.api.scopes import Run
 from service.api.sockets import Closing, Socket
 from service.engine import idempotency
 from service.errors import InvalidRequest, LimitExceeded, ServiceError

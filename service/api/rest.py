@@ -9,13 +9,14 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api import calls, schemas
-from service.api.auth import KeyRing, Principal
+from service.api.auth import Principal
 from service.api.problems import MEDIA_TYPE
+from service.api.scopes import Admin, Run
+from service.api.views import created_body
 from service.catalog.model import LABEL_PATTERN, MAX_TAGS, CatalogError, Scenario, ToolCall, Turn, new_scenario_id
 from service.catalog.model import CheckItem as CatalogCheck
 from service.catalog.registry import Registry
@@ -40,22 +41,6 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
                          413: "Payload too large", 422: "Invalid request", 429: "Quota exceeded",
                          502: "Upstream failed", 503: "Unavailable"}.items()
 }
-bearer = HTTPBearer(auto_error=False, description="An API key; needed when the service has keys configured.")
-
-
-def _scope(scope: str) -> Any:
-    async def principal(request: Request,
-                        _: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
-        keys: KeyRing = request.app.state.keys
-        who = keys.authenticate(request.headers.get("authorization"), scope)
-        request.state.tenant = who.tenant or "-"  # for the access log
-        return who
-
-    return Depends(principal)
-
-
-Run = _scope("run")
-Admin = _scope("admin")
 # Trajectory pages: large enough for whole RL episodes, small enough to bound one response.
 MAX_PAGE = 1000
 
@@ -262,35 +247,6 @@ async def delete_scenario(scenario_id: str, who: Principal = Admin, reg: Registr
 
 
 # -- sessions -------------------------------------------------------------------------------
-def created_body(created: Created, turn: int = 0) -> dict[str, Any]:
-    """The answer to a create or fork; ``turn``: the turn a turn-based session is in (a fork's may be later)."""
-    meta = created.meta
-    conversation = meta.mode == "conversation"
-    scenario = created.scenario
-    if scenario is not None and scenario.turns:
-        view = turns.view_at(created.env, scenario, turn)
-        return schemas.SessionCreated(
-            session_id=meta.session_id, session_ids=[m.session_id for m in created.metas], env_id=created.env.env_id,
-            scenario_id=meta.scenario_id, mode="task", task=scenario.task, user_message=view["user_message"],
-            introduction=created.env.introduction, rules=created.env.rules, tools=view["tools"],
-            env_version=meta.env_version or None, scenario_version=meta.scenario_version or None,
-            turn=view["turn"], turns=view["turns"]).model_dump(mode="json", exclude_unset=True)
-    return schemas.SessionCreated(
-        session_id=meta.session_id,
-        session_ids=[m.session_id for m in created.metas],
-        env_id=created.env.env_id,
-        scenario_id=meta.scenario_id,
-        mode="conversation" if conversation else "task",
-        task=created.scenario.task if created.scenario and not conversation else None,
-        user_message=meta.opening,
-        introduction=created.env.introduction,
-        rules=created.env.rules,
-        tools=created.env.tools,
-        env_version=meta.env_version or None,
-        scenario_version=meta.scenario_version or None,
-    ).model_dump(mode="json")
-
-
 def _group_size(n: int, request: Request) -> int:
     limit = request.app.state.settings.max_group
     if n > limit:
