@@ -1,7 +1,7 @@
 """A tool call, whichever transport brought it.
 
 REST (the route and its fast path, ``service.api.fastpath``), MCP and OpenEnv (HTTP, WebSocket and
-JSON-RPC) each read a call their own way, then hand the same ``ToolCall`` to ``run``: the key's
+JSON-RPC) each read a call their own way, then hand the same ``CallRequest`` to ``run``: the key's
 check, the engine (limits, idempotency, errors, metrics: ``Sessions.call``) and the view of the
 step every transport answers with are written here once.
 """
@@ -22,7 +22,7 @@ VIEW_FIELDS = ("step", "ok", "result", "error", "observation")
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class CallRequest:
     session_id: str
     name: str
     arguments: dict[str, Any] | str
@@ -43,7 +43,7 @@ def checked_key(key: Any, field: str = idempotency.HEADER) -> str | None:
     return key
 
 
-async def run(engine: Sessions, call: ToolCall) -> Applied:
+async def run(engine: Sessions, call: CallRequest) -> Applied:
     """Apply the call exactly once (see ``Sessions.call``); a tool's failure is a step, not an error."""
     return await engine.call(call.session_id, call.name, call.arguments, key=call.key, tenant=call.tenant)
 

@@ -71,7 +71,7 @@ class FastCalls:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
-    def _accept(self, scope: Scope, session_id: str, body: bytes) -> tuple[Sessions, calls.ToolCall] | None:
+    def _accept(self, scope: Scope, session_id: str, body: bytes) -> tuple[Sessions, calls.CallRequest] | None:
         """What the call is, if this layer may answer it; None hands it to the framework."""
         app = scope["app"]
         headers = dict(scope["headers"])
@@ -93,7 +93,7 @@ class FastCalls:
         # What the access log and the metrics read of a routed request.
         scope.setdefault("state", {})["tenant"] = who.tenant or "-"
         scope["route"], scope["path_params"] = ROUTE, {"session_id": session_id}
-        return app.state.sessions, calls.ToolCall(session_id, body_.name, body_.arguments, key, who.tenant)
+        return app.state.sessions, calls.CallRequest(session_id, body_.name, body_.arguments, key, who.tenant)
 
 
 async def _body(receive: Receive) -> tuple[bytes, Receive | None]:

@@ -174,7 +174,7 @@ async def _call_session_tool(ctx: Any, params: types.CallToolRequestParams) -> t
             if ended is not None:
                 return ended
         key = idempotency_key(params, ctx.request)
-        applied = await calls.run(_engine(ctx), calls.ToolCall(_session_id(ctx), params.name, params.arguments or {},
+        applied = await calls.run(_engine(ctx), calls.CallRequest(_session_id(ctx), params.name, params.arguments or {},
                                                                key, _tenant(ctx)))
     except ServiceError as exc:
         raise service_error(exc) from exc
@@ -258,7 +258,7 @@ async def _create_session(engine: Sessions, args: dict[str, Any], tenant: str) -
 
 
 async def _call(engine: Sessions, args: dict[str, Any], tenant: str) -> Applied:
-    return await calls.run(engine, calls.ToolCall(args["session_id"], args["name"], args.get("arguments", {}),
+    return await calls.run(engine, calls.CallRequest(args["session_id"], args["name"], args.get("arguments", {}),
                                                   calls.checked_key(args.get("idempotency_key"), "idempotency_key"),
                                                   tenant))
 

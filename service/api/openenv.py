@@ -255,7 +255,7 @@ class Episodes:
         arguments = action.get("arguments", {})
         if not isinstance(arguments, dict | str):
             raise InvalidRequest("action.arguments must be an object (or its JSON text)", field="action.arguments")
-        applied = await calls.run(self.engine, calls.ToolCall(episode_id, name, arguments, key, self.tenant))
+        applied = await calls.run(self.engine, calls.CallRequest(episode_id, name, arguments, key, self.tenant))
         return {"observation": call_observation(applied), "reward": await self.reward(episode_id), "done": done}
 
     async def reward(self, episode_id: str) -> float | None:

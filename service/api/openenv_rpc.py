@@ -92,7 +92,7 @@ async def _call(episodes: Episodes, params: dict[str, Any], bound: str | None) -
     meta = params.get("_meta")
     key = checked_key(meta.get(KEY_META) if isinstance(meta, dict) else None, f"_meta.{KEY_META}")
     snap = await episodes.episode(episode_id)
-    applied = await calls.run(episodes.engine, calls.ToolCall(episode_id, name, arguments, key, episodes.tenant))
+    applied = await calls.run(episodes.engine, calls.CallRequest(episode_id, name, arguments, key, episodes.tenant))
     observation = call_observation(applied)
     outcome = {"reward": await episodes.reward(episode_id), "done": snap.meta.done}
     view = calls.view(applied)

@@ -373,7 +373,7 @@ def _replayed(applied: Applied, response: Response) -> dict[str, Any]:
 async def call_tool(session_id: str, body: schemas.ToolCallRequest, response: Response,
                     key: str | None = IdempotencyKey, who: Principal = Run,
                     engine: Sessions = Depends(sessions)) -> schemas.CallResult:
-    applied = await calls.run(engine, calls.ToolCall(session_id, body.name, body.arguments, key, who.tenant))
+    applied = await calls.run(engine, calls.CallRequest(session_id, body.name, body.arguments, key, who.tenant))
     _replayed(applied, response)
     return schemas.CallResult(**calls.view(applied))
 
