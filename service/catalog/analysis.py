@@ -15,6 +15,7 @@ The child reads ``{"class_name", "code"}`` as JSON on stdin and writes
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import resource
 import sys
@@ -27,20 +28,26 @@ from sandbox.fairness import FairGate, NoSlot
 if TYPE_CHECKING:  # the child runs without site-packages (-S): the service's own imports stay out of it
     from service.observability import Metrics
 
+# The bounds' defaults; settings reach each (ENVFOUNDRY_ANALYSIS_*, see service.server.settings).
 TIMEOUT = 10.0
-MEMORY_BYTES = 1 << 30
+MEMORY_MB = 1024
 CONCURRENT = 2
+WAIT = 60.0
 # The analysed schemas are stored with the environment and sent to every client listing its tools.
 MAX_TOOLS = 256
 MAX_TOOLS_BYTES = 1 << 20
 
 
 class Analysis:
-    def __init__(self, timeout: float = TIMEOUT, concurrent: int = CONCURRENT, wait: float = 60.0,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(self, timeout: float = TIMEOUT, concurrent: int = CONCURRENT, wait: float = WAIT,
+                 metrics: Metrics | None = None, *, memory_mb: int = MEMORY_MB, max_tools: int = MAX_TOOLS,
+                 max_tools_bytes: int = MAX_TOOLS_BYTES) -> None:
         self.timeout = timeout
         self.wait = wait
         self.metrics = metrics
+        self.memory_bytes = memory_mb << 20
+        self.max_tools = max_tools
+        self.max_tools_bytes = max_tools_bytes
         self._slots = FairGate(concurrent)
 
     async def environment(self, *, env_id: str, class_name: str, code: str, summary: str, introduction: str,
@@ -57,11 +64,11 @@ class Analysis:
             from service.errors import Unavailable
 
             raise Unavailable(f"no code-analysis slot came free within {self.wait:g} s; retry") from None
-        if len(tools) > MAX_TOOLS:
-            raise CatalogError(f"the class has {len(tools)} public methods; at most {MAX_TOOLS} tools",
+        if len(tools) > self.max_tools:
+            raise CatalogError(f"the class has {len(tools)} public methods; at most {self.max_tools} tools",
                                field="code", reason="max_tools")
-        if len(json.dumps(tools)) > MAX_TOOLS_BYTES:
-            raise CatalogError(f"the tool schemas exceed {MAX_TOOLS_BYTES} bytes", field="code",
+        if len(json.dumps(tools)) > self.max_tools_bytes:
+            raise CatalogError(f"the tool schemas exceed {self.max_tools_bytes} bytes", field="code",
                                reason="max_tools_bytes")
         return Environment(env_id=env_id, class_name=class_name, code=code, summary=summary,
                            introduction=introduction, rules=list(rules), tools=tools,
@@ -70,7 +77,7 @@ class Analysis:
     async def _tools(self, class_name: str, code: str) -> tuple[list[dict[str, Any]], list[str]]:
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-m", "service.catalog.analysis", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, preexec_fn=_limit_memory,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, preexec_fn=functools.partial(_limit_memory, self.memory_bytes),
             cwd=_root(),
         )
         request = json.dumps({"class_name": class_name, "code": code}).encode()
@@ -92,8 +99,8 @@ class Analysis:
         return tools, [str(name) for name in answer.get("imports", [])]
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+def _limit_memory(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _root() -> str:

@@ -95,6 +95,12 @@ def make_user(settings: Settings) -> UserSimulator | None:
                          timeout=settings.user_llm_timeout, temperature=settings.user_llm_temperature)
 
 
+def make_analysis(settings: Settings, metrics: Metrics | None = None) -> Analysis:
+    return Analysis(settings.analysis_timeout, settings.analysis_concurrent, settings.analysis_wait, metrics,
+                    memory_mb=settings.analysis_memory_mb, max_tools=settings.analysis_max_tools,
+                    max_tools_bytes=settings.analysis_max_tools_bytes)
+
+
 def _session_limits(settings: Settings, keys: KeyRing) -> SessionLimits:
     """Without API keys every request is one tenant's: a reserve for others would only idle."""
     limits = settings.session_limits()
@@ -126,7 +132,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
         app.state.settings = settings
         app.state.manifest = catalog_manifest(settings, loaded)
         app.state.keys = keys
-        app.state.analysis = Analysis(wait=settings.analysis_wait, metrics=metrics)
+        app.state.analysis = make_analysis(settings, metrics)
         app.state.store = store
         app.state.pool = pool
         app.state.registry = registry

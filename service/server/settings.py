@@ -14,6 +14,7 @@ from sandbox.backends.process import UID_SPAN
 from sandbox.wire import limits
 from sandbox.wire.limits import Limits
 from service.api.sockets import SocketLimits
+from service.catalog import analysis
 from service.catalog.model import CatalogError
 from service.catalog.packages.layers import BUILD_UID
 from service.catalog.requirements import AllowList, Packages
@@ -111,8 +112,18 @@ class _Settings(BaseSettings):
     sandbox_reserve: int = Field(default=1, ge=0, description="With API keys: sandbox workers kept for tenants "
                                  "that hold none, so one tenant holding the others cannot make another's first "
                                  "request wait for its calls to end (always fewer than the workers).")
-    analysis_wait: float = Field(default=60.0, gt=0, description="How long an environment submission waits for "
-                                 "a code-analysis slot (slots go to the tenant holding fewest first).")
+    analysis_wait: float = Field(default=analysis.WAIT, gt=0, description="How long an environment submission "
+                                 "waits for a code-analysis slot (slots go to the tenant holding fewest first).")
+    analysis_timeout: float = Field(default=analysis.TIMEOUT, gt=0, description="Seconds one analysis of submitted "
+                                    "code may take before its child process is killed.")
+    analysis_memory_mb: int = Field(default=analysis.MEMORY_MB, ge=64, description="Address space of the child "
+                                    "process that analyses submitted code.")
+    analysis_concurrent: int = Field(default=analysis.CONCURRENT, ge=1, description="Analyses of submitted code "
+                                     "running at once.")
+    analysis_max_tools: int = Field(default=analysis.MAX_TOOLS, ge=1, description="Most public methods (tools) "
+                                    "an environment may have.")
+    analysis_max_tools_bytes: int = Field(default=analysis.MAX_TOOLS_BYTES, ge=1024, description="Largest size "
+                                          "of an environment's tool schemas, as JSON.")
     max_group: int = Field(default=64, ge=1, le=1024, description="Most sessions one create or fork request makes.")
     allowed_requirements: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Packages environments may declare as requirements: PEP 508 names, "

@@ -148,3 +148,21 @@ async def test_analysis_past_its_time_limit_is_killed_and_named() -> None:
                                         "        \"\"\"Go.\"\"\"\n        return 1\n", summary="", introduction="",
                                         rules=[])
     assert [t["function"]["name"] for t in done.tools] == ["go"]
+
+
+@pytest.mark.anyio
+async def test_the_code_analysis_bounds_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.server.app import make_analysis
+    from service.server.settings import Settings
+
+    monkeypatch.setenv("ENVFOUNDRY_ANALYSIS_MAX_TOOLS", "2")
+    analysis = make_analysis(Settings())
+    methods = "".join(f"    def tool_{i}(self) -> int:\n        \"\"\"Tool {i}.\"\"\"\n        return {i}\n" for i in range(3))
+    with pytest.raises(CatalogError) as refused:
+        await analysis.environment(env_id="three", class_name="Three", code="class Three:\n" + methods, summary="",
+                                   introduction="", rules=[])
+    assert refused.value.reason == "max_tools" and "at most 2 tools" in str(refused.value)
+    with pytest.raises(CatalogError) as slow:
+        await make_analysis(Settings(analysis_timeout=0.001)).environment(
+            env_id="slow", class_name="Slow", code="class Slow:\n    pass\n", summary="", introduction="", rules=[])
+    assert slow.value.reason == "analysis_timeout"
