@@ -91,8 +91,8 @@ class Broadcast:
 
 def between_replicas(store: Any, tell: Callable[[str], None]) -> Broadcast | None:
     """A broadcast over ``store``'s Redis, or None for a store that is one replica's (memory) or a cluster."""
-    from service.stores.redis_store import RedisStore
+    from service.stores.redis import RedisStore
 
-    if not isinstance(store, RedisStore) or store.cluster:
+    if not isinstance(store, RedisStore) or store.redis.cluster:
         return None
-    return Broadcast(store.client, store.keys.tools_changed(), tell)
+    return Broadcast(store.redis.client, store.keys.tools_changed(), tell)

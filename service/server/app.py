@@ -64,7 +64,7 @@ def catalog_manifest(settings: Settings, catalog: Catalog) -> dict[str, Any]:
 
 def make_store(settings: Settings) -> SessionStore:
     if settings.redis_url or settings.redis_cluster_nodes:
-        from service.stores.redis_store import RedisStore
+        from service.stores.redis import RedisStore
 
         return RedisStore(settings.redis_url, ttl=settings.session_ttl, prefix=settings.key_prefix,
                           cluster_nodes=settings.redis_cluster_nodes)

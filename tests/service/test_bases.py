@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from sandbox.state.deltas import field
-from service.stores.keys import Keys
 from service.stores.memory_store import MemoryStore
+from service.stores.redis.keys import Keys
 from service.stores.store import SessionMeta, SessionStore, digest_of, new_session_id
 from tests.conftest import Server, start_server
 from tests.service.test_store import StoreFactory, make_redis, make_store, raw_redis  # noqa: F401

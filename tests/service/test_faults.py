@@ -23,7 +23,7 @@ import httpx
 import pytest
 import redis
 
-from service.stores.redis_store import RECONNECT_LONGEST
+from service.stores.redis.connection import RECONNECT_LONGEST
 from tests.conftest import ROOT, Server, free_port, start_server
 from tests.service import proctree
 

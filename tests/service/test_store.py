@@ -21,9 +21,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from service.stores.keys import Keys
 from service.stores.memory_store import MemoryStore
-from service.stores.redis_store import RECONNECT_LONGEST, RedisStore, StoreUnavailable
+from service.stores.redis import RedisStore, StoreUnavailable
+from service.stores.redis.connection import RECONNECT_LONGEST
+from service.stores.redis.keys import Keys
 from service.stores.store import BytesQuota, LockTimeout, SessionMeta, SessionStore, StoreError, new_session_id
 
 pytestmark = pytest.mark.anyio

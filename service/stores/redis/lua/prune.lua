@@ -1,0 +1,2 @@
+-- Settling alone (no new ids): the expired leave the tenant's count.
+return 0

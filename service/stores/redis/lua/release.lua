@@ -1,0 +1,3 @@
+-- Release a lock, only if ARGV[1] (its token) still holds it.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
