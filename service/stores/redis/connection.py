@@ -1,4 +1,4 @@
-"""The store's way to Redis: one client (a single node or a cluster), the call path's lane beside it,
+"""The store's way to Redis: one client (a single node or a cluster), the call path's pipeline beside it,
 the Lua scripts, and the one place where Redis errors become the store's own."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from service.stores.redis.lane import Lane
+from service.stores.redis.pipeline import Pipeline
 from service.stores.store import StoreError
 
 # While Redis is unreachable, requests fail at once and the store tries it again after a delay that
@@ -133,8 +133,8 @@ class Connection:
         # ``Sessions.commit``).
         self.cluster = isinstance(self.client, RedisCluster)
         self.reconnect = Reconnect()
-        # The call path's two scripts take a lane of their own (a cluster routes by slot: not there).
-        self.lane = Lane(url, COMMAND_TIMEOUT) if url and not self.cluster else None
+        # The call path's two scripts take a pipelined connection of their own (a cluster routes by slot: not there).
+        self.pipeline = Pipeline(url, COMMAND_TIMEOUT) if url and not self.cluster else None
 
     def script(self, *names: str) -> AsyncScript:
         """Scripts ``names`` (see ``lua``) as one, registered with the client."""
@@ -142,9 +142,9 @@ class Connection:
         return script
 
     async def run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        """Run one of the call path's scripts, on the lane where there is one."""
-        if self.lane is not None:
-            return await self.lane.evalsha(script.sha, str(script.script), keys, args)  # (registered as text)
+        """Run one of the call path's scripts, on the pipeline where there is one."""
+        if self.pipeline is not None:
+            return await self.pipeline.evalsha(script.sha, str(script.script), keys, args)  # (registered as text)
         return await script(keys=keys, args=args)
 
     async def translate(self, exc: RedisError) -> StoreError:
@@ -152,8 +152,8 @@ class Connection:
         which point at a server that is gone, so the first request after it returns works."""
         if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
             return StoreError(f"redis: {exc}")
-        if self.lane is not None:
-            self.lane.reset(exc)
+        if self.pipeline is not None:
+            self.pipeline.reset(exc)
         pool = getattr(self.client, "connection_pool", None)  # a cluster client manages its own nodes
         if pool is not None:
             try:
@@ -163,8 +163,8 @@ class Connection:
         return self.reconnect.failed(exc)
 
     async def close(self) -> None:
-        if self.lane is not None:
-            await self.lane.close()
+        if self.pipeline is not None:
+            await self.pipeline.close()
         await self.client.aclose()
 
 

@@ -111,7 +111,7 @@ class Sessions:
     async def copy(self, source: SessionMeta, metas: list[SessionMeta], *, quota: int | None = None) -> bool:
         """Store ``metas`` as copies of ``source``'s state, initial state and trajectory, server-side
         where Redis allows (one script), else read and written back; False if ``source`` is gone."""
-        if self.redis.lane is not None:
+        if self.redis.pipeline is not None:
             each = await self._bytes_of(source)
             counts = {meta.session_id: each for meta in metas}
             await self.tenants.reserve(source.tenant, counts, quota)
@@ -147,7 +147,7 @@ class Sessions:
 
     async def _copy_inside(self, source: SessionMeta, metas: list[SessionMeta]) -> bool | None:
         """The copy as one server-side script; None when this Redis cannot (no COPY before 6.2)."""
-        if self.redis.lane is not None:
+        if self.redis.pipeline is not None:
             k = self.keys.session(source.session_id)
             keys = [k.meta, k.state, k.initial, k.trajectory, k.delta]
             for meta in metas:

@@ -1,7 +1,7 @@
 """The Redis session store: any API process sharing the Redis can serve any session.
 
 It is the ``SessionStore`` contract (``service.stores.store``) over its parts, one module each:
-``connection`` (the client, the lane, the scripts, Redis errors made ours), ``sessions`` (and
+``connection`` (the client, the pipeline, the scripts, Redis errors made ours), ``sessions`` (and
 ``commit``), ``locks``, ``bases``, ``tenants`` (live counts and quotas), ``records`` (the catalog)
 and ``claims`` (idempotent creates). Every key name is built in ``keys``; the Lua scripts are in
 ``lua/``.

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from service.stores.redis import RedisStore
-from service.stores.redis.lane import pack
+from service.stores.redis.pipeline import pack
 from service.stores.store import SessionMeta, StoreError
 
 pytestmark = pytest.mark.anyio
@@ -63,8 +63,8 @@ async def test_a_redis_that_forgot_the_scripts_or_dropped_the_connection_is_serv
         async with store.begin("ses_a", 5, 30) as held:
             assert held.snap is not None
             assert await store.commit("ses_a", 0, None, "{}", held=held)
-        assert store.redis.lane is not None
-        writer = store.redis.lane._writer
+        assert store.redis.pipeline is not None
+        writer = store.redis.pipeline._writer
         assert writer is not None
         host, port = writer.get_extra_info("sockname")[:2]
         admin.client_kill(f"{host}:{port}")  # the lane's connection, as Redis sees it

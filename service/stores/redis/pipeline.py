@@ -3,7 +3,7 @@
 The general client spends more CPU on each command than Redis spends running it (connection
 pool, retry and instrumentation layers: about 0.2 ms of Python per command on the reference
 machine, next to a tool call's budget of one millisecond). The call path's two scripts (take the
-lock and read the meta; commit and unlock) go through this lane instead: the command is packed
+lock and read the meta; commit and unlock) go through this pipeline instead: the command is packed
 by hand, replies are parsed by hiredis, and concurrent callers share one connection, answered
 in order. Failures are raised as the general client's errors, so the store treats both alike.
 Everything else keeps using the general client.
@@ -32,7 +32,7 @@ def pack(*args: str | bytes | int) -> bytes:
     return b"".join(out)
 
 
-class Lane:
+class Pipeline:
     def __init__(self, url: str, timeout: float) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
