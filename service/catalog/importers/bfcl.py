@@ -34,17 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from service.catalog.arguments import ArgumentChecker
-from service.catalog.model import (
-    Catalog,
-    CatalogError,
-    CheckItem,
-    Environment,
-    Scenario,
-    ToolCall,
-    Turn,
-    build_environment,
-    write_package,
-)
+from service.catalog.admission import build_environment
+from service.catalog.collection import Catalog
+from service.catalog.folders import write_package
+from service.catalog.model import CatalogError, CheckItem, Environment, Scenario, ToolCall, Turn
 from service.catalog.importers.envscaler import ImportReport
 
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
