@@ -1,11 +1,13 @@
 """Encode and decode time of the state codec on the bundled environments' states and large states.
 
-    .venv/bin/python bench/codec_speed.py [--codec path/to/codec.py] [--repeat 30]
+    .venv/bin/python bench/codec_speed.py [--codec path/to/encoder.py --codec path/to/decoder.py] [--repeat 30]
 
-``--codec`` loads another version of ``sandbox/state/codec.py`` (for example one written out with
-``git show main:sandbox/state/codec.py > /tmp/codec_main.py``), so two versions are measured on exactly
-the same states. Prints, per state, its encoded size and the median time of ``encode_state``,
-``decode`` and ``view_encoded``. A state the codec refuses is reported with its error.
+``--codec`` loads other versions of ``sandbox/state/encoder.py`` and ``sandbox/state/decoder.py`` (for
+example written out with ``git show main:sandbox/state/encoder.py > /tmp/encoder_main.py``), or a
+``codec.py`` from before they were split, so two versions are measured on exactly the same states;
+what the given files lack comes from the checkout. Prints, per state, its encoded size and the median
+time of ``encode_state``, ``decode`` and ``view_encoded``. A state the codec refuses is reported with
+its error.
 """
 
 from __future__ import annotations
@@ -37,16 +39,22 @@ class Node:
 '''
 
 
-def load_codec(path: str | None) -> types.ModuleType:
-    if path is None:
-        from sandbox.state import codec
+def load_codec(paths: list[str]) -> types.SimpleNamespace:
+    """``encode_state``, ``CodecError``, ``decode`` and ``view_encoded``, each from the last of the
+    files at ``paths`` that defines it, else from the checkout."""
+    from sandbox.state import decoder, encoder, view
 
-        return codec
-    spec = importlib.util.spec_from_file_location("codec_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    codec = types.SimpleNamespace(encode_state=encoder.encode_state, CodecError=encoder.CodecError,
+                                  decode=decoder.decode, view_encoded=view.view_encoded)
+    for number, path in enumerate(paths):
+        spec = importlib.util.spec_from_file_location(f"codec_under_test_{number}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name in vars(codec):
+            if hasattr(module, name):
+                setattr(codec, name, getattr(module, name))
+    return codec
 
 
 def catalog_states() -> list[tuple[str, dict[str, Any], str]]:
@@ -113,7 +121,7 @@ def timed(fn: Any, repeat: int) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(codec: types.ModuleType, name: str, state: dict[str, Any], module: str | None, repeat: int,
+def measure(codec: types.SimpleNamespace, name: str, state: dict[str, Any], module: str | None, repeat: int,
             resolve: Any) -> str:
     try:
         text = codec.encode_state(state, module)
@@ -121,17 +129,9 @@ def measure(codec: types.ModuleType, name: str, state: dict[str, Any], module: s
         return f"{name:28} refused: {exc}"
     enc = timed(lambda: codec.encode_state(state, module), repeat)
     dec = timed(lambda: codec.decode(json.loads(text), resolve), repeat)
-    # the view lives in sandbox.state.view now; a codec file from before the split still has its own
-    view_encoded = getattr(codec, "view_encoded", None) or _current_view().view_encoded
-    vw = timed(lambda: view_encoded(json.loads(text)), repeat)
+    vw = timed(lambda: codec.view_encoded(json.loads(text)), repeat)
     return f"{name:28} {len(text) / 1024:8.1f} KB  encode {enc:8.3f} ms  decode {dec:8.3f} ms  " \
            f"encode+decode {enc + dec:8.3f} ms  view {vw:8.3f} ms"
-
-
-def _current_view() -> types.ModuleType:
-    from sandbox.state import view
-
-    return view
 
 
 def resolver(module: str | None) -> Any:
@@ -146,7 +146,9 @@ def resolver(module: str | None) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--codec", help="path of another codec.py to measure instead of sandbox/state/codec.py")
+    parser.add_argument("--codec", action="append", default=[], metavar="PATH",
+                        help="another encoder.py, decoder.py (or an older codec.py) to measure instead of the "
+                             "checkout's; repeat for both")
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
     codec = load_codec(args.codec)

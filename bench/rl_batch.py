@@ -49,7 +49,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.load import DONE, require_tools, sample  # noqa: E402
 from bench.servers import launch_service, tree_cpu_seconds  # noqa: E402
-from service.catalog.model import CheckItem, Scenario, ToolCall, build_environment, write_package  # noqa: E402
+from service.catalog.admission import build_environment  # noqa: E402
+from service.catalog.folders import write_package  # noqa: E402
+from service.catalog.model import CheckItem, Scenario, ToolCall  # noqa: E402
 
 CODE = '''
 class Shop:

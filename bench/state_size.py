@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.servers import launch_service, timed  # noqa: E402
-from service.catalog.model import CheckItem, Scenario, ToolCall, build_environment, write_package  # noqa: E402
+from service.catalog.admission import build_environment  # noqa: E402
+from service.catalog.folders import write_package  # noqa: E402
+from service.catalog.model import CheckItem, Scenario, ToolCall  # noqa: E402
 
 CODE = '''
 class World:

@@ -218,8 +218,8 @@ def cmd_import_bfcl(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from service.catalog.collection import Catalog
     from service.catalog.importers.envscaler import export_envscaler
-    from service.catalog.model import Catalog
 
     catalog = Catalog()
     for folder in args.dirs:

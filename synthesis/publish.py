@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
+from service.catalog.folders import write_package
 from service.catalog.manifest import lock
-from service.catalog.model import CatalogError, Scenario, write_package
+from service.catalog.model import CatalogError, Scenario
 from service.engine.validate import validate_catalog
 from synthesis import dedup
 from synthesis.context import Context

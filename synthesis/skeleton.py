@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 from sandbox.errors import RequestFailed
-from service.catalog.model import CatalogError, Environment, build_environment
+from service.catalog.admission import build_environment
+from service.catalog.model import CatalogError, Environment
 from service.catalog.registry import env_code
 from synthesis import dedup
 from synthesis.answers import Operation, parse_operation_plan, parse_state_plan

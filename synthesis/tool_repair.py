@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox.errors import RequestFailed
-from service.catalog.model import CatalogError, Environment, build_environment
+from service.catalog.admission import build_environment
+from service.catalog.model import CatalogError, Environment
 from service.catalog.registry import env_code
 from synthesis import checker, states
 from synthesis.answers import EnvTexts, parse_env_texts

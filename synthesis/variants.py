@@ -33,18 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
-from service.catalog.model import (
-    MAX_TAGS,
-    Catalog,
-    CatalogError,
-    CheckItem,
-    Environment,
-    Scenario,
-    ToolCall,
-    Turn,
-    bundled_catalog_dir,
-    write_package,
-)
+from service.catalog.collection import Catalog
+from service.catalog.folders import bundled_catalog_dir, write_package
+from service.catalog.model import MAX_TAGS, CatalogError, CheckItem, Environment, Scenario, ToolCall, Turn
 from service.engine.validate import Report, check_scenario, sessions_for
 from service.errors import ServiceError
 from synthesis import parse

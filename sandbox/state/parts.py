@@ -5,7 +5,7 @@ part: the text of each attribute, and of each entry of an attribute that is a pl
 the same alone as within the whole. ``Parts`` keeps those texts with the ``pickle`` bytes of the
 values they came from, so after a call only the attributes and entries whose bytes changed are
 encoded again, and the diff compares only their views. The result is the same text and the
-same diff as encoding and viewing the whole state (``codec.encode_state``, ``view.diff``).
+same diff as encoding and viewing the whole state (``sandbox.state.encoder.encode_state``, ``view.diff``).
 
 States that share objects are left to the whole-state path: there an object's text depends on
 where else it is reached. Standard library only.
@@ -26,7 +26,9 @@ import types
 from itertools import compress
 from typing import Any
 
-from sandbox.state import codec, view, watch
+from sandbox.state import view, watch
+from sandbox.state.encoder import CodecError, Encoder
+from sandbox.state.instances import stored_attributes
 from sandbox.state.stateformat import FLAT_DEPTH, TAG, pointer
 
 _PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.time, dt.timedelta,
@@ -46,7 +48,7 @@ def blob(value: Any) -> bytes:
 
 
 def shares(value: Any, env_module: str) -> bool:
-    """Whether any object is reached twice, as the codec counts objects (see ``codec.Encoder``).
+    """Whether any object is reached twice, as the codec counts objects (see ``sandbox.state.encoder.Encoder``).
 
     Walks the graph a level at a time, letting ``gc.get_referents`` list each level's children in
     C: a state of 400 KB is walked in about a millisecond. A state that reaches ``FLAT_DEPTH``
@@ -69,7 +71,7 @@ def shares(value: Any, env_module: str) -> bool:
                 continue
             if kind in _METHODS:
                 children.append(item.__self__)  # (its function is the class's: not the state's)
-            elif kind.__module__ == env_module and (stored := codec.stored_attributes(item, kind)) is not None:
+            elif kind.__module__ == env_module and (stored := stored_attributes(item, kind)) is not None:
                 children.extend(stored[0].values())
                 children.extend(stored[1].values())
         # (filtered in C first: most children are strings and numbers)
@@ -206,7 +208,7 @@ class Parts:
                     depth)
 
     def _encode(self, key: str, value: Any, depth: int, data: bytes) -> Part:
-        encoder = codec.Encoder(self.env_module)
+        encoder = Encoder(self.env_module)
         encoder.depth = depth  # the codec's depth limit counts from the root of the state
         encoded = encoder.encode(value)
         if encoder.blocks:  # grown past FLAT_DEPTH: its ids must be the whole state's (see ``shares``)
@@ -220,7 +222,7 @@ class Parts:
         """The part for a value whose bytes changed (or that is new), its change added to ``diff``."""
         try:
             part = self._encode(key, value, depth, data)
-        except codec.CodecError as exc:
+        except CodecError as exc:
             exc.within(key)
             raise
         if old is None:
@@ -234,7 +236,7 @@ class Parts:
         are not watched: watched ones are brought up to date by ``watch``).
 
         Raises:
-            codec.CodecError: a changed part cannot be encoded (nothing is updated then).
+            CodecError: a changed part cannot be encoded (nothing is updated then).
         """
         diff: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
         parts: dict[str, Part] = {}
@@ -276,7 +278,7 @@ class Parts:
         Raises:
             Unwatched: the parts are not watched, or the call made the state something the
                 watch cannot vouch for (an object held twice, a type it does not write).
-            codec.CodecError: a changed part cannot be encoded (nothing is updated then).
+            CodecError: a changed part cannot be encoded (nothing is updated then).
         """
         if not self.watched or list(state) != list(self.parts):
             raise Unwatched

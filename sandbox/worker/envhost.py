@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.state import codec
+from sandbox.state import decoder, encoder
 from sandbox.state.readonly import ReadOnly
 from sandbox.wire.answers import error
 from sandbox.worker import channel, randomness
@@ -131,8 +131,8 @@ def validate(request: dict[str, Any], limits: WorkerLimits) -> dict[str, Any]:
         except BaseException as exc:
             return {"ok": False, "failure": {"kind": "init_error", "message": describe(exc)}}
         try:
-            codec.encode_state(public_state(instance), module.__name__)
-        except codec.CodecError as exc:
+            encoder.encode_state(public_state(instance), module.__name__)
+        except encoder.CodecError as exc:
             return {"ok": False, "failure": {"kind": "state_error", "message": f"initial state: {exc}"}}
         return {"ok": True}
 
@@ -272,8 +272,8 @@ def _within_deadline(run: Callable[[], Any], timeout: float, output_bytes: int, 
 def _run_check(module: types.ModuleType, request: dict[str, Any]) -> dict[str, Any]:
     index, source = int(request["index"]), str(request["source"])
     resolve = resolver(module)
-    final = codec.decode(json.loads(request["state"]), resolve)
-    initial = codec.decode(json.loads(request["initial"]), resolve)
+    final = decoder.decode(json.loads(request["state"]), resolve)
+    initial = decoder.decode(json.loads(request["initial"]), resolve)
     for state in (final, initial):  # a session's stored randomness is the sandbox's, not a check's
         if isinstance(state, dict):
             state.pop(randomness.HIDDEN, None)

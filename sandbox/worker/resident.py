@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.state import codec, view
+from sandbox.state import decoder, encoder, view
 from sandbox.state.deltas import Delta, DeltaError, apply, field
 from sandbox.state.parts import Parts, Unwatched, blob, shares
 from sandbox.state.readonly import ReadOnly
@@ -85,8 +85,8 @@ def resolver(module: types.ModuleType) -> Callable[[str], Any]:
 
 def encode(state: dict[str, Any], module_name: str, limit: int, owner: Any = None) -> str:
     try:
-        text = codec.encode_state(state, module_name, owner)
-    except codec.CodecError as exc:
+        text = encoder.encode_state(state, module_name, owner)
+    except encoder.CodecError as exc:
         raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
     return _within(text, limit)
 
@@ -234,7 +234,7 @@ class LiveSession:
         module = self.module
 
         def decode(part: str) -> Any:
-            return codec.decode(json.loads(part), resolver(module), self.instance)
+            return decoder.decode(json.loads(part), resolver(module), self.instance)
 
         names = list(self.parts.parts)
         try:
@@ -247,7 +247,7 @@ class LiveSession:
             # they are looked at, the rest being the template's as its parts say.
             entries = _entries_in_place(changes) if HIDDEN_FIELD not in fields else None
             self._sync(entries)
-        except (DeltaError, Unwatched, codec.CodecError, ValueError, TypeError, KeyError, RecursionError):
+        except (DeltaError, Unwatched, encoder.CodecError, ValueError, TypeError, KeyError, RecursionError):
             return False
         if entries is not None and list(self.parts.parts) == names and self._encode_as(changes):
             self._text = text  # the stored text itself: nothing is joined
@@ -287,7 +287,7 @@ class LiveSession:
     def _adopt(self, request: dict[str, Any], text: str) -> None:
         factory: Any = self.cls  # restore without __init__: the state is already built
         self.instance = factory.__new__(factory)
-        state = codec.decode(json.loads(text), resolver(self.module), self.instance)
+        state = decoder.decode(json.loads(text), resolver(self.module), self.instance)
         self.stream.begin(request, state.get(HIDDEN))
         self.hidden = self.stream.value
         self.instance.__dict__.update((k, v) for k, v in state.items() if k != HIDDEN)
@@ -326,7 +326,7 @@ class LiveSession:
                 seen = self.parts.watch(state, footprint)
             except Unwatched:
                 pass  # the whole state says, below
-            except codec.CodecError as exc:
+            except encoder.CodecError as exc:
                 raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
             else:
                 return unchanged if seen is None else self._watched_answer(request, unchanged, before, seen, limit)
@@ -339,7 +339,7 @@ class LiveSession:
             before = self.parts.parts
             try:
                 text, change = self.parts.update(state)
-            except codec.CodecError as exc:
+            except encoder.CodecError as exc:
                 raise Failure(TOOL_EXCEPTION, f"the state cannot be serialized: {exc}") from None
             return self._changed_parts(request, unchanged, before, text, change, after, limit)
         self.delta = None

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.catalog.model import Catalog, CatalogError, content_digest
+from service.catalog.collection import Catalog
+from service.catalog.model import CatalogError, content_digest
 
 LOCK_FILE = "envfoundry.lock.json"
 

@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool import EnvCode, WorkerPool
-from service.catalog.model import Catalog, CatalogError, ConflictError, Environment, Scenario, build_environment
+from service.catalog.admission import build_environment
+from service.catalog.collection import Catalog
+from service.catalog.model import CatalogError, ConflictError, Environment, Scenario
 from service.errors import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from service.catalog.requirements import SETTING, AllowList, Packages
 from service.catalog.scenario_index import Page, ScenarioIndex, ScenarioQuery, page

@@ -25,7 +25,8 @@ from packaging.specifiers import Specifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from service.catalog.model import Catalog, CatalogError, Environment
+from service.catalog.collection import Catalog
+from service.catalog.model import CatalogError, Environment
 
 if TYPE_CHECKING:
     from service.catalog.packages.layers import Layers

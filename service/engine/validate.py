@@ -9,7 +9,8 @@ from pathlib import Path
 from sandbox.errors import SandboxError
 from sandbox.pool import WorkerPool
 from service.catalog import rebuilds
-from service.catalog.model import Catalog, CatalogError, Scenario
+from service.catalog.collection import Catalog
+from service.catalog.model import CatalogError, Scenario
 from service.catalog.registry import Registry, env_code
 from service.catalog.requirements import AllowList, Packages
 from service.engine.sessions import Sessions

@@ -21,8 +21,9 @@ from service.api.openenv_orphans import Orphans
 from service.api.rest import router
 from service.api.sockets import Sockets
 from service.catalog.analysis import Analysis
+from service.catalog.collection import Catalog
+from service.catalog.folders import bundled_catalog_dir
 from service.catalog.manifest import drift, manifest
-from service.catalog.model import Catalog, bundled_catalog_dir
 from service.catalog.registry import Registry
 from service.engine.sessions import SessionLimits, Sessions
 from service.engine.user_llm import UserSimulator

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from sandbox.state import codec
-from sandbox.state.codec import CodecError, decode, encode_state
+from sandbox.state import stateformat
+from sandbox.state.decoder import decode
+from sandbox.state.encoder import CodecError, encode_state
 from sandbox.state.view import OVER, diff, view, view_encoded, view_encoded_within
 from sandbox.wire import protocol
 
@@ -497,7 +498,7 @@ def test_deep_nesting_round_trips_in_shallow_json() -> None:
         cursor.append([])
         cursor = cursor[0]
     text = encode_state({"deep": deep})
-    assert protocol.depth_within(json.loads(text), 2 * codec.FLAT_DEPTH)  # flat blocks below FLAT_DEPTH
+    assert protocol.depth_within(json.loads(text), 2 * stateformat.FLAT_DEPTH)  # flat blocks below FLAT_DEPTH
     back = decode(json.loads(text))["deep"]
     for _ in range(5000):
         assert len(back) == 1

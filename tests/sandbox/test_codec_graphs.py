@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import sandbox.state.view
-from sandbox.state.codec import decode, encode_state
+from sandbox.state.decoder import decode
+from sandbox.state.encoder import encode_state
 from sandbox.state.view import diff, view, view_encoded
 
 ENV_MODULE = "ef_env_graph_test"

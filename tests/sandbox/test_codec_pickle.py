@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sandbox.state.codec
-from sandbox.state.codec import decode, encode_state
+import sandbox.state.encoder
+from sandbox.state.decoder import decode
+from sandbox.state.encoder import encode_state
 from sandbox.state.view import view, view_encoded
 from sandbox.wire import protocol
 
@@ -201,7 +202,7 @@ def test_other_tzinfo_classes_are_pickled() -> None:
     encoded = json.loads(encode_state({"m": moment}))
     assert encoded["m"]["$ef"] == "pickle"
     assert decode(encoded)["m"] == moment
-    with pytest.raises(sandbox.state.codec.CodecError):  # a local class: pickle refuses it, as before
+    with pytest.raises(sandbox.state.encoder.CodecError):  # a local class: pickle refuses it, as before
         encode_state({"m": dt.datetime(2024, 1, 1, tzinfo=Fixed())})  # type: ignore[abstract]
 
 
@@ -506,12 +507,12 @@ def _value_hashed(node: Any) -> bool:
 def test_random_graphs_round_trip_as_pickle_does(env: types.ModuleType, flat_depth: int | None,
                                                  state: dict[str, Any]) -> None:
     """Also with a tiny ``FLAT_DEPTH``: every graph is then written (mostly) as flat blocks."""
-    saved = getattr(sandbox.state.codec, "FLAT_DEPTH")  # noqa: B009 (read where the encoder reads it)
+    saved = getattr(sandbox.state.encoder, "FLAT_DEPTH")  # noqa: B009 (read where the encoder reads it)
     if flat_depth is not None:
-        setattr(sandbox.state.codec, "FLAT_DEPTH", flat_depth)  # noqa: B010
+        setattr(sandbox.state.encoder, "FLAT_DEPTH", flat_depth)  # noqa: B010
     try:
         text = encode_state(state, ENV_MODULE)
         assert_same_graph(decode(json.loads(text), _resolve), pickle_trip(state))
         assert view_encoded(json.loads(text)) == view(state)
     finally:
-        setattr(sandbox.state.codec, "FLAT_DEPTH", saved)  # noqa: B010
+        setattr(sandbox.state.encoder, "FLAT_DEPTH", saved)  # noqa: B010

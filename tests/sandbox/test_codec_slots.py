@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.state.codec import decode, encode_state
+from sandbox.state.decoder import decode
+from sandbox.state.encoder import encode_state
 from sandbox.state.parts import shares
 from sandbox.state.view import view, view_encoded
 from sandbox.worker.resident import resolver

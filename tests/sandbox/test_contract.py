@@ -12,7 +12,7 @@ import pytest
 
 from sandbox.errors import RequestFailed
 from sandbox.pool import EnvCode, Limits, WorkerPool
-from service.catalog.model import Catalog
+from service.catalog.collection import Catalog
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.anyio

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.state.codec import encode_state
 from sandbox.state.deltas import Base, Delta, DeltaError, compose, field, problem
+from sandbox.state.encoder import encode_state
 from sandbox.state.parts import Parts
 
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from sandbox.pool import WorkerPool
-from sandbox.state import codec, view
+from sandbox.state import encoder, view
 from sandbox.state.parts import Parts, shares
 from tests.sandbox.test_contract import PROBE, _descendants, _worker_pid
 
@@ -164,14 +164,14 @@ def test_parts_encode_and_diff_exactly_as_the_whole_state() -> None:
     rng = random.Random(7)
     for _ in range(40):
         state = _tree(rng)
-        text = codec.encode_state(state)
+        text = encoder.encode_state(state)
         parts = Parts("nomodule", state, json.loads(text))
         for _ in range(8):
             before = view.view_encoded(json.loads(text))
             _mutate(state, rng)
             assert not shares(state, "nomodule")
             text, diff = parts.update(state)
-            assert text == codec.encode_state(state)
+            assert text == encoder.encode_state(state)
             assert diff == view.diff(before, view.view_encoded(json.loads(text)))
 
 

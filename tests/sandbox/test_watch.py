@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.state import codec, view
+from sandbox.state import encoder, view
 from sandbox.state.parts import Parts
 from sandbox.state.readonly import ReadOnly
 from sandbox.worker.resident import LiveSession, public_state
@@ -128,7 +128,7 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _expected(session: LiveSession) -> str:
     """The whole state's encoding, made without keeping any reference to the state."""
-    return codec.encode_state(public_state(session.instance), session.module.__name__)
+    return encoder.encode_state(public_state(session.instance), session.module.__name__)
 
 
 class Run:

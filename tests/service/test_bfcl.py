@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.catalog.importers.bfcl import ADDED_FUNCTIONS_PROMPT
+from service.catalog.importers.bfcl_data import ADDED_FUNCTIONS_PROMPT
 from tests.conftest import ROOT, start_server
 from tests.service.test_api import call, new_session, state
 from tests.service.test_cli import run

@@ -181,8 +181,8 @@ def _described(http: httpx.Client, session: str, tool: str) -> str:
 
 def test_the_bundled_catalog_is_served_as_its_lock_file_says() -> None:
     """A change to the bundled catalog comes with `envfoundry catalog lock catalog`, or this fails."""
+    from service.catalog.collection import Catalog
     from service.catalog.manifest import LOCK_FILE, drift
-    from service.catalog.model import Catalog
 
     assert (BUNDLED / LOCK_FILE).is_file()
     catalog = Catalog()

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from service.catalog.collection import Catalog
+from service.catalog.folders import bundled_catalog_dir
 from service.catalog.importers.envscaler import ImportReport, export_envscaler, import_envscaler
-from service.catalog.model import Catalog, CatalogError, bundled_catalog_dir
+from service.catalog.model import CatalogError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "envscaler"
 ENVS = FIXTURES / "envs.json"

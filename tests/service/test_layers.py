@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.catalog.model import CatalogError, build_environment
+from service.catalog.admission import build_environment
+from service.catalog.model import CatalogError
 from service.catalog.packages.layers import BUILD_UID, Layers
 from service.catalog.requirements import SETTING, AllowList, Packages, parse
 from service.server.settings import Settings

@@ -14,7 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.catalog.model import Catalog, CatalogError, build_environment, bundled_catalog_dir
+from service.catalog.admission import build_environment
+from service.catalog.collection import Catalog
+from service.catalog.folders import bundled_catalog_dir
+from service.catalog.model import CatalogError
 from tests.conftest import Server, start_server
 from tests.service.test_api import problem
 

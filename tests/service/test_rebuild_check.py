@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog.model import build_environment
+from service.catalog.admission import build_environment
 from tests.service.test_cli import run
 
 # The instance's stock is the module-level dict itself: the static check accepts the alias (the

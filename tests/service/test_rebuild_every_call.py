@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.catalog.model import Catalog
+from service.catalog.collection import Catalog
 from service.server.settings import Settings
 from tests.conftest import BUNDLED, start_server
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from service.api.auth import new_key
-from service.catalog.model import Catalog, Scenario
+from service.catalog.collection import Catalog
+from service.catalog.model import Scenario
 from service.catalog.scenario_index import ScenarioIndex, ScenarioQuery, decode_cursor, encode_cursor, page
 from tests.conftest import BUNDLED, FIXTURES, Server, keyed_server
 from tests.service.test_api import problem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from service.catalog.model import build_environment
+from service.catalog.admission import build_environment
 from synthesis.assembly import assemble, merge_imports
 from synthesis.sources import MethodSource
 from tests.synthesis.conftest import fixture_skeleton

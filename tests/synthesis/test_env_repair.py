@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from service.catalog.model import Catalog
+from service.catalog.collection import Catalog
 from synthesis import publish, scenarios
 from synthesis.context import Context
 from tests.scripted_openai import Running

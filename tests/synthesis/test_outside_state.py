@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.catalog.model import Catalog
+from service.catalog.collection import Catalog
 from synthesis import publish, scenarios, skeleton
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_theme

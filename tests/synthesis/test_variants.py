@@ -13,7 +13,9 @@ import pytest
 
 from sandbox.backends.process import ProcessBackend
 from sandbox.pool import Limits, WorkerPool
-from service.catalog.model import Catalog, Scenario, bundled_catalog_dir
+from service.catalog.collection import Catalog
+from service.catalog.folders import bundled_catalog_dir
+from service.catalog.model import Scenario
 from service.engine.validate import Report, validate_catalog
 from synthesis import cli
 from synthesis.errors import ParseError

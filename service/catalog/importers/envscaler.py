@@ -10,7 +10,7 @@ EnvScaler ships two kinds of file:
   task, checklist, checklist_with_func: [{check_item, check_func}]}``, where
   ``init_config`` is sometimes itself a JSON string.
 
-Importing turns them into catalog packages (see ``service.catalog.model``); exporting
+Importing turns them into catalog packages (see ``service.catalog.folders``); exporting
 writes a catalog back in the same shapes. Tool schemas are always re-extracted
 from the class code: the released ones drop Literal/Union types and can carry
 mangled parameter names, so they only fill in tool descriptions the code lacks.
@@ -30,17 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.catalog.admission import build_environment
+from service.catalog.collection import Catalog
+from service.catalog.folders import write_package
 from service.catalog.model import (
-    Catalog,
     CatalogError,
     CheckItem,
     ConflictError,
     Environment,
     Scenario,
     ToolCall,
-    build_environment,
     turns_from_json,
-    write_package,
 )
 
 # An env_id becomes a folder name, so it must not be able to leave ``out``.

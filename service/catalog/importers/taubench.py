@@ -31,15 +31,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from service.catalog.model import (
-    Catalog,
-    CatalogError,
-    CheckItem,
-    Scenario,
-    ToolCall,
-    build_environment,
-    write_package,
-)
+from service.catalog.admission import build_environment
+from service.catalog.collection import Catalog
+from service.catalog.folders import write_package
+from service.catalog.model import CatalogError, CheckItem, Scenario, ToolCall
 from service.catalog.importers.envscaler import ImportReport
 
 # tau-bench ends an episode on these without replaying them (``terminate_tools``).
