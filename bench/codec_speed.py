@@ -61,6 +61,8 @@ def catalog_states() -> list[tuple[str, dict[str, Any], str]]:
     """Every scenario's initial state of the bundled catalog, built in this process."""
     out = []
     for folder in sorted((ROOT / "catalog").iterdir()):
+        if not (folder / "env.json").is_file():
+            continue  # the catalog's lock file
         meta = json.loads((folder / "env.json").read_text())
         module = types.ModuleType(f"ef_env_bench_{folder.name}")
         sys.modules[module.__name__] = module

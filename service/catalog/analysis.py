@@ -22,9 +22,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandbox.fairness import FairGate, NoSlot
 from service.catalog.admission import build_environment
 from service.catalog.model import CatalogError, Environment
-from sandbox.fairness import FairGate, NoSlot
 
 if TYPE_CHECKING:  # the child runs without site-packages (-S): the service's own imports stay out of it
     from service.observability import Metrics

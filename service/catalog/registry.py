@@ -25,11 +25,11 @@ from sandbox.pool import EnvCode, WorkerPool
 from service.catalog.admission import build_environment
 from service.catalog.collection import Catalog
 from service.catalog.model import CatalogError, ConflictError, Environment, Scenario
-from service.errors import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from service.catalog.requirements import SETTING, AllowList, Packages
 from service.catalog.scenario_index import Page, ScenarioIndex, ScenarioQuery, page
-from service.stores.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 from service.catalog.versions import chosen, key, split, tool_changes
+from service.errors import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
+from service.stores.store import BytesQuota, RecordLimit, SessionStore, stored_bytes
 
 PARSED_CACHE = 512
 T = TypeVar("T")

@@ -34,8 +34,8 @@ from typing import Any
 from service.catalog.admission import build_environment
 from service.catalog.collection import Catalog
 from service.catalog.folders import write_package
-from service.catalog.model import CatalogError, CheckItem, Scenario, ToolCall
 from service.catalog.importers.envscaler import ImportReport
+from service.catalog.model import CatalogError, CheckItem, Scenario, ToolCall
 
 # tau-bench ends an episode on these without replaying them (``terminate_tools``).
 TERMINATE_TOOLS = ("transfer_to_human_agents",)
