@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
-from sandbox.pool import Channel, worker_memory_mb
+from sandbox.pool.worker import Channel, worker_memory_mb
 from sandbox.wire.limits import Limits
 from sandbox.wire.protocol import HEADER, frame_length
 from sandbox.worker.budget import WORKER_FILES, process_budget

@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from sandbox.errors import RequestFailed, SandboxError
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Catalog, CatalogError, ConflictError, Environment, Scenario, build_environment
 from service.errors import Conflict, Forbidden, InvalidEnvironment, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from service.catalog.requirements import SETTING, AllowList, Packages
