@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.state_size import CODE  # noqa: E402  (the same class, at several sizes)
-from sandbox.pool import EnvCode, Limits, WorkerPool  # noqa: E402
+from sandbox.pool.calls import EnvCode  # noqa: E402
+from sandbox.pool.requests import WorkerPool  # noqa: E402
+from sandbox.wire.limits import Limits  # noqa: E402
 
 ENV = EnvCode("bench-live-memory", "bench_live_memory", "World", CODE)
 SIZES = {"4 KB": 25, "3 MB": 20000}

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.servers import free_port, pct, timed, wait_ready  # noqa: E402
-from sandbox.pool import Limits, WorkerPool  # noqa: E402
+from sandbox.pool.requests import WorkerPool  # noqa: E402
+from sandbox.wire.limits import Limits  # noqa: E402
 
 
 def backend(name: str) -> object:

@@ -1,6 +1,6 @@
 """A call from the service straight to a session's live process, with no worker in between.
 
-When a worker keeps a session's process (its *resident*, see ``sandbox.worker.runtime``) and can lend
+When a worker keeps a session's process (its *resident*, see ``sandbox.worker.sessions``) and can lend
 it, it hands the service the process's request pipe, answer pipe and pidfd over a Unix socket.
 The service then does for each call on that session what the worker would: wake the process
 (SIGCONT through the pidfd, which pins it: a recycled pid is never signalled), write the request,

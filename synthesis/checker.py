@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from sandbox.pool import CallOutcome
+from sandbox.pool.calls import CallOutcome
 from service.catalog.model import Environment
 from synthesis import states
 from synthesis.answers import parse_verdict

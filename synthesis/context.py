@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandbox.errors import SandboxError
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from synthesis.cache import ResponseCache
 from synthesis.config import SynthConfig
 from synthesis.dialogue import REASKS

@@ -15,7 +15,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
 from synthesis.answers import Call

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
 from synthesis import dedup, drafts, replay, scenario_repair, states
 from synthesis.answers import Call, InitState

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from sandbox.errors import RequestFailed
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from sandbox.state.view import view_encoded
 from service.catalog.model import Environment
 from service.catalog.registry import env_code

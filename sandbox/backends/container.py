@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError, WorkerLost
-from sandbox.pool import Channel, worker_memory_mb
+from sandbox.pool.worker import Channel, worker_memory_mb
 from sandbox.wire.limits import Limits
 from sandbox.wire.protocol import HEADER, frame_length
+from sandbox.worker.budget import WORKER_FILES, process_budget
 from sandbox.worker.confine.contain import tmp_options
-from sandbox.worker.runtime import WORKER_FILES, process_budget
 
 log = logging.getLogger("envfoundry.sandbox")
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from sandbox.backends import memcg
-from sandbox.pool import Channel, worker_memory_mb
+from sandbox.pool.worker import Channel, worker_memory_mb
 from sandbox.wire.limits import Limits
 from sandbox.wire.protocol import HEADER, frame_length
 

@@ -40,6 +40,9 @@ UNTOUCHED = frozenset({ToolError.UNKNOWN_TOOL.value, ToolError.INVALID_ARGUMENTS
 # the worker holding the template built needs none of it); a worker or process that would have
 # to build the instance after all answers this, and the service sends the request again with it.
 NEED_CONFIG = "need_config"
+# A call of a session that leaves its state out, to a worker holding no live instance of that
+# session at the step named; the service sends it again with the stored state.
+NEED_STATE = "need_state"
 # Room for the JSON around a call's state and result, beyond their own limits.
 FRAME_SLACK = 1 << 20
 

@@ -48,6 +48,29 @@ def empty(top: int, *, keep: Callable[[str], bool] = lambda name: False, owner: 
     return complete
 
 
+def empty_tmp(mode: int, preserve: list[str]) -> bool:
+    """Empty the worker's /tmp but the folders confinement put back inside it (``preserve``, e.g. a
+    checkout there), giving it back ``mode`` if it is the worker's own. Returns whether it could
+    be emptied. Never raises."""
+    try:
+        tmp = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if os.fstat(tmp).st_uid == os.geteuid():  # (a /tmp of its own uid only where confinement is partial)
+            os.fchmod(tmp, mode)
+        return empty(tmp, keep=lambda name: _preserved(f"/tmp/{name}", preserve))
+    except OSError:
+        return False
+    finally:
+        os.close(tmp)
+
+
+def _preserved(path: str, preserve: list[str]) -> bool:
+    """Whether ``path`` holds a folder confinement put back inside /tmp (never emptied)."""
+    return any(p == path or p.startswith(path + "/") for p in preserve)
+
+
 def _remove(top: int, name: str, hoisted: int) -> list[str]:
     """Remove the top-level entry ``name``: a file at once, a folder once its files are gone.
     Returns the names its subfolders were moved up to (to be removed in turn)."""

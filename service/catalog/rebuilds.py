@@ -20,7 +20,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.pool import CallOutcome, WorkerPool
+from sandbox.pool.calls import CallOutcome
+from sandbox.pool.requests import WorkerPool
 from sandbox.state.view import diff, view_encoded
 from service.catalog.model import Environment, Scenario
 from service.catalog.registry import env_code

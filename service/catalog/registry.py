@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from sandbox.errors import RequestFailed, SandboxError
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
 from service.catalog.admission import build_environment
 from service.catalog.collection import Catalog
 from service.catalog.model import CatalogError, ConflictError, Environment, Scenario

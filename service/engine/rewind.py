@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox.errors import SandboxError
-from sandbox.pool import CallOutcome, EnvCode, WorkerPool
+from sandbox.pool.calls import CallOutcome, EnvCode
+from sandbox.pool.requests import WorkerPool
 
 # Error types of a replayed call that the sandbox answers, not the environment: a call that did
 # not fail so the first time failed now for want of a worker, a process or memory.

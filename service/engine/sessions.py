@@ -18,7 +18,8 @@ from typing import Any
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
 from sandbox.fairness import FairGate, NoSlot
-from sandbox.pool import CallOutcome, Stored, WorkerPool
+from sandbox.pool.calls import CallOutcome, Stored
+from sandbox.pool.requests import WorkerPool
 from sandbox.state import deltas
 from sandbox.worker import randomness
 from service.catalog.arguments import ArgumentChecker, ArgumentLimit

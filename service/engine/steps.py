@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, NotRequired, TypedDict
 
-from sandbox.pool import CallOutcome
+from sandbox.pool.calls import CallOutcome
 
 PRIVATE = ("_state", "_parts")
 TRUNCATED_PART = 1024  # bytes of an argument or result kept whole in a record cut to its bound

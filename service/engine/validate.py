@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.errors import SandboxError
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from service.catalog import rebuilds
 from service.catalog.collection import Catalog
 from service.catalog.model import CatalogError, Scenario

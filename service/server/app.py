@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from sandbox.pool import Backend, WorkerPool
+from sandbox.pool.requests import WorkerPool
+from sandbox.pool.worker import Backend
 from service.api import mcp, openenv_routes, problems, ui
 from service.api.auth import KeyRing
 from service.api.fastpath import FastCalls

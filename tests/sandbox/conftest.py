@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import Limits, WorkerPool
+from sandbox.pool.requests import WorkerPool
+from sandbox.wire.limits import Limits
 from tests.conftest import SANDBOX_IMAGE, containers_of
 
 BACKENDS = ["process", "docker"]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from sandbox.backends.container import INSTANCE_LABEL, SERVICE_LABEL, DockerBackend
-from sandbox.pool import Limits, WorkerPool
+from sandbox.pool.requests import WorkerPool
+from sandbox.wire.limits import Limits
 from tests.conftest import SANDBOX_IMAGE, containers_of, start_server
 
 

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, Limits, worker_memory_mb
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.worker import worker_memory_mb
 from sandbox.state.view import view_encoded
+from sandbox.wire.limits import Limits
 from tests.sandbox.test_contract import PROBE, _descendants, _state, _worker_pid
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,9 @@ import anyio
 import pytest
 
 from sandbox.errors import RequestFailed
-from sandbox.pool import EnvCode, Limits, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
+from sandbox.wire.limits import Limits
 from service.catalog.collection import Catalog
 from tests.conftest import FIXTURES
 

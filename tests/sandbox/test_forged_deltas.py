@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, Stored
+from sandbox.pool.calls import EnvCode, Stored
 from sandbox.state.deltas import Base, compose
 
 pytestmark = pytest.mark.anyio

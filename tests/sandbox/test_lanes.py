@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from tests.sandbox.test_residents import _session
 
 pytestmark = pytest.mark.anyio
@@ -137,7 +137,7 @@ async def test_a_worker_whose_sessions_are_called_straight_still_measures_its_me
     sessions are called straight it is asked at least every ``FIT_EVERY``."""
     import time
 
-    from sandbox.pool import FIT_EVERY
+    from sandbox.pool.workers import FIT_EVERY
 
     async with pool_factory(size=1) as pool:
         stored = await _session(pool, "s1")

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode
+from sandbox.pool.calls import EnvCode
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
 from sandbox.worker.resident import CLASS_FIELD, instantiate, public_state
 from tests.sandbox.test_residents import Stored
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, WorkerPool
+from sandbox.pool.calls import EnvCode
+from sandbox.pool.requests import WorkerPool
 from sandbox.worker.randomness import HIDDEN
 
 pytestmark = pytest.mark.anyio

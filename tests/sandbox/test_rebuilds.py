@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, Stored, WorkerPool
+from sandbox.pool.calls import EnvCode, Stored
+from sandbox.pool.requests import WorkerPool
 from sandbox.state import view
 from sandbox.state.deltas import Base, compose
 from sandbox.worker.resident import instantiate, public_state

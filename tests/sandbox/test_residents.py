@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from sandbox.state import encoder, view
 from sandbox.state.parts import Parts, shares
 from tests.sandbox.test_contract import PROBE, _descendants, _worker_pid

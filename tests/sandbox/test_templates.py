@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import EnvCode, Stored, WorkerPool
+from sandbox.pool.calls import EnvCode, Stored
+from sandbox.pool.requests import WorkerPool
 from sandbox.state.deltas import Base, compose
 
 pytestmark = pytest.mark.anyio

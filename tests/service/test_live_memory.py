@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from sandbox.pool import INITIAL_CACHE_BYTES, PING_EVERY
+from sandbox.pool.requests import INITIAL_CACHE_BYTES
+from sandbox.pool.workers import PING_EVERY
 from tests.conftest import start_server
 from tests.service.test_observability import sample
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.pool import CallOutcome
+from sandbox.pool.calls import CallOutcome
 from service.api.auth import new_key
 from service.engine.replays import ReplayBudget, ReplayCache
 from service.engine.rewind import _difference

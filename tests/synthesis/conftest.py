@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from sandbox.backends.process import ProcessBackend
-from sandbox.pool import Limits, WorkerPool
+from sandbox.pool.requests import WorkerPool
+from sandbox.wire.limits import Limits
 from synthesis.config import SynthConfig
 from tests.conftest import ROOT
 from tests.scripted_openai import Running

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool import WorkerPool
+from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
 from synthesis import replay

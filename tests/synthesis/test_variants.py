@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.process import ProcessBackend
-from sandbox.pool import Limits, WorkerPool
+from sandbox.pool.requests import WorkerPool
+from sandbox.wire.limits import Limits
 from service.catalog.collection import Catalog
 from service.catalog.folders import bundled_catalog_dir
 from service.catalog.model import Scenario

@@ -1,0 +1,224 @@
+"""The sessions a worker keeps live: each one's *resident*, a fork holding its instance.
+
+An init or call naming a ``session`` (with its ``version``, the step it is at, and
+``next_version``) is served by a fork that then stays, as that session's resident, holding the
+live instance; a later call at the version it holds may leave ``state`` out (else it answers
+``need_state``). Where the worker lends (see ``sandbox.lane``), the service takes the resident's
+pipes and calls it straight; the worker still owns the process and ends it.
+
+A resident runs only while its own session's request is served: it is stopped (SIGSTOP) the
+moment it has answered, and ended as soon as a call may have changed its instance without the
+change being answered (a tool raised, timed out, ran out of memory or printed too much), or when
+its host goes, it is the least recently used one past ``max_residents``, it idled too long, its
+session or environment was deleted, or the worker's memory (measured from its cgroup after every
+request) leaves less room than one call may take: then the least recently used go first.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from typing import Any
+
+from sandbox.wire import answers, protocol
+from sandbox.wire.answers import NEED_STATE, error
+from sandbox.wire.limits import DEFAULTS
+from sandbox.worker import processes
+from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, end, exited_by, outcome_error, read_answer
+from sandbox.worker.hosts import Host, Hosts, Resident, release
+from sandbox.worker.memory import Gauge
+from sandbox.worker.runner import RESTARTED, Runner
+from sandbox.worker.templates import Templates, from_template
+from sandbox.worker.zygote import HOST_GUARD, Unhealthy
+
+# Live sessions a worker keeps by default, and how long an unused one stays.
+MAX_RESIDENTS = DEFAULTS.residents
+RESIDENT_IDLE = DEFAULTS.resident_idle
+# Room kept free beyond one call's own memory limit (the worker's own work on its answer).
+MEMORY_SLACK = 32 << 20
+
+
+class Sessions:
+    def __init__(self, hosts: Hosts, runner: Runner, templates: Templates, *, max_residents: int = MAX_RESIDENTS,
+                 resident_idle: float = RESIDENT_IDLE, gauge: Gauge | None = None) -> None:
+        self.hosts = hosts
+        self.runner = runner
+        self.templates = templates
+        self.residents = hosts.residents  # (the hosts' own dict) by session id, least recently used first
+        self.max_residents = max_residents
+        self.resident_idle = resident_idle
+        self.gauge = gauge  # the worker's memory cgroup, when one can be read
+
+    def serve(self, request: dict[str, Any], lend: socket.socket | None) -> dict[str, Any]:
+        """Serve an init or call of a session on its resident, starting one when the request
+        brings the state (or is the init that makes it). With ``lend`` (where the service may
+        call kept sessions straight), a kept resident the request asks to lend is lent there."""
+        session, key = request["session"], request["env"]
+        resident = self.residents.get(session)
+        fresh = request["op"] == "init" or "state" in request
+        if resident is not None and (fresh or resident.env != key or resident.version != request.get("version")):
+            self.hosts.end_resident(session)
+            resident = None
+        if resident is None and not fresh:
+            return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
+        host = self.hosts.host(key)
+        if resident is None:
+            started = self._start(host, request)
+            if started is None:
+                return {"error": error(SANDBOX_ERROR, RESTARTED)}
+            resident = started
+        else:
+            del self.residents[session]  # back at the end once it answers: least recently used first
+        answer, kept = self._on_resident(resident.parent or host, resident, request, answers.answer_cap(request))
+        if kept:
+            resident.version, resident.used = int(request.get("next_version", -1)), time.monotonic()
+            self.residents[session] = resident
+            while len(self.residents) > self.max_residents:
+                self.hosts.end_resident(next(iter(self.residents)))
+            if session in self.residents and lend is not None and request.get("lend") is True \
+                    and _lend(lend, resident):
+                answer["lent"] = True  # (the answer is the process's own, new to this call)
+        return answer
+
+    def _start(self, host: Host, request: dict[str, Any]) -> Resident | None:
+        """A fork to become the session's resident: of the scenario's template when the request
+        names one (its instance is built already), else of the environment's host."""
+        key = request["env"]
+        template = self.templates.template(host, request) if request["op"] == "init" or from_template(request) \
+            else None
+        taken = self.runner.take(template) if template is not None else None
+        if taken is not None and template is not None:
+            return Resident(key, *taken, parent=template)
+        try:
+            taken = self.runner.take(host)
+        except Unhealthy:
+            if not self.residents:
+                raise
+            # Out of processes: the least recently used live sessions give theirs back.
+            for _ in range(max(1, len(self.residents) // 4)):
+                self.hosts.end_resident(next(iter(self.residents)))
+            taken = self.runner.take(host)
+        if taken is None and key in self.hosts.sources:
+            host = self.hosts.host(key)  # it died since its last use: one fresh start
+            taken = self.runner.take(host)
+        return None if taken is None else Resident(key, *taken, parent=host)
+
+    def _on_resident(self, host: Host, resident: Resident, request: dict[str, Any],
+                     cap: int) -> tuple[dict[str, Any], bool]:
+        """Run one request on ``resident``: only it runs meanwhile (as in ``Runner.run``); it is
+        stopped again once it has answered, or ended if its instance can no longer be trusted."""
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        kept, outcome, overran = False, "timeout", False
+        answer: dict[str, Any] | None = None
+        try:
+            self.hosts.empty_tmp()
+            for pid in (resident.pid, *resident.stopped):
+                processes.kill(pid, signal.SIGCONT)
+            deadline = time.monotonic() + timeout
+            if processes.write_by(resident.request_fd, protocol.encode_frame(request), deadline):
+                answer, outcome = read_answer(resident.answer_fd, deadline, cap, keep_open=True)
+            kept = outcome == "done" and answer is not None and answers.untouched(answer)
+            if kept:
+                self._stop(resident)
+            else:
+                ended = outcome == "done" or outcome != "ended"
+                overran = end(resident.pid, resident.pidfd, None if ended else deadline)
+        finally:
+            if not kept:
+                self.hosts.empty_tmp()  # (a kept resident is stopped already: the request's scrub empties it)
+        if kept and answer is not None:
+            return answer, True
+        release(resident)
+        report = self.hosts.finish(host, resident.pid, reply=outcome != "done")
+        if outcome == "done" and answer is not None:
+            return answer, False
+        if report is None:
+            return {"error": error(SANDBOX_ERROR, RESTARTED)}, False
+        return {"error": outcome_error(outcome, report & 0xFFFF, overran, timeout, cap)}, False
+
+    def _stop(self, resident: Resident) -> None:
+        """Stop it and, a process at a time (each before its children are listed), what it started."""
+        processes.kill(resident.pid, signal.SIGSTOP)
+        resident.stopped = []
+        if self.hosts.limits.processes == 0:
+            return  # it cannot have started any
+        todo = processes.children_of(resident.pid)
+        while todo:
+            pid = todo.pop()
+            if pid not in resident.stopped:
+                processes.kill(pid, signal.SIGSTOP)
+                resident.stopped.append(pid)
+                todo.extend(processes.children_of(pid))
+
+    def touch(self, sessions: list[Any]) -> None:
+        """Sessions the service called straight since its last request: used now, for the order in
+        which live sessions are let go."""
+        now = time.monotonic()
+        for session in sessions:
+            resident = self.residents.pop(session, None) if type(session) is str else None
+            if resident is not None:
+                resident.used = now
+                self.residents[session] = resident
+
+    def collect(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A lent session's process did not answer its call properly (``outcome``): end it and say
+        how it ended, as the error of that call."""
+        session, outcome = request.get("session"), str(request.get("outcome"))
+        resident = self.residents.pop(session, None) if type(session) is str else None
+        timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
+        if resident is None:  # ended here before the call reached it: the call never ran
+            return {"gone": True}
+        # one whose pipe closed may run on until the call's deadline (``wait`` from now): then it overran
+        wait = min(max(float(request.get("wait", 0.0)), 0.0), timeout)
+        overran = end(resident.pid, resident.pidfd, time.monotonic() + wait if outcome == "ended" else None)
+        exited_by(resident.pid, resident.pidfd, time.monotonic() + HOST_GUARD)
+        release(resident)
+        host = resident.parent or self.hosts.hosts.get(resident.env)
+        status = None if host is None or host.sock.fileno() < 0 else self.hosts.finish(host, resident.pid, reply=True)
+        if status is None:
+            return {"error": error(SANDBOX_ERROR, RESTARTED)}
+        return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, int(request.get("cap", 0)))}
+
+    def expire(self) -> None:
+        """End the residents, and the templates none of them came from, unused for ``resident_idle``."""
+        idle = time.monotonic() - self.resident_idle
+        for session, resident in list(self.residents.items()):
+            if resident.used > idle:
+                break
+            self.hosts.end_resident(session)
+        parents = {id(resident.parent) for resident in self.residents.values()}
+        for key, template in list(self.hosts.templates.items()):
+            if template.used <= idle and id(template) not in parents:
+                self.hosts.end_template(key)
+
+    def fit_memory(self) -> None:
+        """End the least recently used live sessions while the worker's memory leaves less room
+        than one call may take, so that no running call, new session or worker is ever what the
+        kernel ends when the group is full."""
+        limit = self.gauge.limit() if self.gauge is not None else None
+        if self.gauge is None or limit is None:
+            return
+        room = limit - self.hosts.limits.memory_bytes - MEMORY_SLACK
+        while self.residents and self.gauge.used() > room:
+            self.hosts.end_resident(next(iter(self.residents)), wait=True)
+            self.hosts.evicted += 1
+        while self.hosts.templates and self.gauge.used() > room:
+            self.hosts.end_template(next(iter(self.hosts.templates)), wait=True)
+
+
+def _lend(sock: socket.socket, resident: Resident) -> bool:
+    """Hand the service the kept resident's pipes and pidfd over ``sock`` (it stays stopped; the
+    service wakes it for each call). From now on this worker never writes to it: its version is the
+    service's to know, so a request for it that brings no state is answered ``need_state``."""
+    try:
+        socket.send_fds(sock, [protocol.LEND_MARK], [resident.request_fd, resident.answer_fd, resident.pidfd])
+    except OSError:
+        return False
+    for fd in (resident.request_fd, resident.answer_fd):
+        processes.close(fd)
+    resident.request_fd = resident.answer_fd = -1
+    resident.lent, resident.version = True, -2
+    return True
