@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox.errors import RequestFailed
+from sandbox.state.view import Diff, no_diff
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class CallOutcome:
     result: Any
     error: dict[str, str] | None
     state: str | None  # new encoded state, or None when the call changed nothing (or sent a delta)
-    diff: dict[str, list[dict[str, Any]]]
+    diff: Diff
     delta: dict[str, Any] | None = None  # the parts it changed, against the session's base (see sandbox.state.deltas)
     rebase: bool = False  # ``state`` is to be the session's new base (its delta had grown)
 
@@ -50,13 +51,9 @@ def outcome(answer: dict[str, Any]) -> CallOutcome:
     """A checked answer (``answers.checked``) as the outcome of the call."""
     failure = answer.get("error")
     if failure is not None:
-        return CallOutcome(False, None, {"type": failure["type"], "message": failure["message"]}, None, _no_diff())
+        return CallOutcome(False, None, {"type": failure["type"], "message": failure["message"]}, None, no_diff())
     return CallOutcome(True, answer.get("result"), None, answer.get("state"), answer["diff"], answer.get("delta"),
                        answer.get("rebase") is True)
-
-
-def _no_diff() -> dict[str, list[dict[str, Any]]]:
-    return {"added": [], "removed": [], "changed": []}
 
 
 def request_failed(reported: Any) -> RequestFailed:

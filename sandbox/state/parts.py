@@ -30,6 +30,7 @@ from sandbox.state import view, watch
 from sandbox.state.encoder import CodecError, Encoder
 from sandbox.state.instances import stored_attributes
 from sandbox.state.stateformat import FLAT_DEPTH, TAG, pointer
+from sandbox.state.view import Diff, no_diff
 
 _PLAIN = frozenset({str, int, float, bool, type(None), dt.datetime, dt.date, dt.time, dt.timedelta,
                     decimal.Decimal, bytes})
@@ -218,7 +219,7 @@ class Parts:
         return self._part(key, value, encoded, depth, None if self.watched else data)
 
     def _changed(self, key: str, value: Any, old: Part | None, depth: int, data: bytes, path: str,
-                 diff: dict[str, list[dict[str, Any]]]) -> Part:
+                 diff: Diff) -> Part:
         """The part for a value whose bytes changed (or that is new), its change added to ``diff``."""
         try:
             part = self._encode(key, value, depth, data)
@@ -231,14 +232,14 @@ class Parts:
             _compare(old.shown, part.shown, path, diff)
         return part
 
-    def update(self, state: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    def update(self, state: dict[str, Any]) -> tuple[str, Diff]:
         """The encoded text of ``state`` (a tree) and its diff from the previous one (for parts that
         are not watched: watched ones are brought up to date by ``watch``).
 
         Raises:
             CodecError: a changed part cannot be encoded (nothing is updated then).
         """
-        diff: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+        diff = no_diff()
         parts: dict[str, Part] = {}
         for name, value in state.items():
             old = self.parts.get(name)
@@ -270,7 +271,7 @@ class Parts:
         return 2 + sum(part.size for part in self.parts.values()) + max(0, len(self.parts) - 1)
 
     def watch(self, state: dict[str, Any],
-              footprint: dict[str, set[str] | None] | None = None) -> dict[str, list[dict[str, Any]]] | None:
+              footprint: dict[str, set[str] | None] | None = None) -> Diff | None:
         """The diff of ``state`` after a call, found from the parts whose bytes changed (see
         ``sandbox.state.watch``); None when nothing stored changed. The parts are updated: ``text()``
         is the new state's.
@@ -292,7 +293,7 @@ class Parts:
                 for name, change in changes.items() if change is not None):
             raise Unwatched
         del whole
-        diff: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+        diff = no_diff()
         parts = dict(self.parts)
         for name, change in changes.items():
             old = self.parts[name]
@@ -339,7 +340,7 @@ class Parts:
         return changes
 
     def _watched_entries(self, name: str, value: dict[str, Any], old: Part, change: _EntryChanges,
-                         diff: dict[str, list[dict[str, Any]]]) -> Part:
+                         diff: Diff) -> Part:
         assert old.entries is not None
         changed, slices, moved, chunks = change
         path = pointer("", _shown_key(name))
@@ -379,7 +380,7 @@ class Parts:
         return part
 
     def _entries(self, name: str, value: dict[str, Any], old: Part, data: bytes, path: str,
-                 diff: dict[str, list[dict[str, Any]]]) -> Part:
+                 diff: Diff) -> Part:
         assert old.entries is not None
         entries: dict[str, Part] = {}
         for key, item in value.items():
@@ -459,7 +460,7 @@ def _watch_entries(value: dict[str, Any], old: Part) -> _EntryChanges:
     return changed, slices, True, []
 
 
-def _compare(before: Any, after: Any, path: str, diff: dict[str, list[dict[str, Any]]]) -> None:
+def _compare(before: Any, after: Any, path: str, diff: Diff) -> None:
     found = view.diff(before, after, path)
     for kind in ("added", "removed", "changed"):
         diff[kind].extend(found[kind])

@@ -26,7 +26,7 @@ import enum
 import json
 import math
 import types
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sandbox.state.stateformat import (
     BIG_INT_BITS,
@@ -413,11 +413,32 @@ def _bytes_view(raw: bytes) -> str:
         return "base64:" + base64.b64encode(raw).decode("ascii")
 
 
-def diff(before: Any, after: Any, path: str = "") -> dict[str, list[dict[str, Any]]]:
+class Diff(TypedDict):
+    """What a call changed, as JSON pointers: ``{"path", "value"}`` entries (``changed`` ones have
+    ``before`` and ``after``). A diff past its byte bound is cut to ``truncated`` and its ``bytes``."""
+
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+    changed: list[dict[str, Any]]
+    truncated: NotRequired[bool]
+    bytes: NotRequired[int]
+
+
+def no_diff() -> Diff:
+    """A diff of nothing (a new one each time: callers may append to it)."""
+    return {"added": [], "removed": [], "changed": []}
+
+
+def cut_diff(size: int) -> Diff:
+    """What is kept of a diff whose JSON takes ``size`` bytes, past its bound."""
+    return {"added": [], "removed": [], "changed": [], "truncated": True, "bytes": size}
+
+
+def diff(before: Any, after: Any, path: str = "") -> Diff:
     """What changed between two JSON views, as JSON pointers. Views are trees (an object shown
     twice is a ``$ref`` the second time), so a change made through an alias is reported once,
     where the object is shown in full."""
-    out: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+    out = no_diff()
     _diff(before, after, path, out)
     return out
 
@@ -426,7 +447,7 @@ def _marker(shown: Any) -> bool:
     return len(shown) == 1 and (REF in shown or TRUNCATED in shown)
 
 
-def _diff(before: Any, after: Any, path: str, out: dict[str, list[dict[str, Any]]]) -> None:
+def _diff(before: Any, after: Any, path: str, out: Diff) -> None:
     # A reference (or a cut) is compared whole: a moved alias is one change, not a changed string.
     if isinstance(before, dict) and isinstance(after, dict) and not (_marker(before) or _marker(after)):
         for key, value in after.items():

@@ -15,9 +15,10 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from sandbox.state import deltas
+from sandbox.state.view import Diff, cut_diff
 from sandbox.wire import protocol
 from sandbox.wire.limits import DEFAULTS
 
@@ -134,19 +135,19 @@ def state_problem(text: str, limit: int) -> str | None:
     return None
 
 
-def is_diff(value: Any) -> bool:
+def is_diff(value: Any) -> TypeGuard[Diff]:
     return isinstance(value, dict) and all(isinstance(value.get(k), list) for k in ("added", "removed", "changed"))
 
 
-def bounded_diff(diff: dict[str, Any], limit: int) -> dict[str, Any]:
+def bounded_diff(diff: Diff, limit: int) -> Diff:
     """The diff, or its summary when its JSON passes ``limit`` bytes (0: no limit): the service
     would only cut it on its event loop, after decoding and walking it there."""
-    if not limit or not any(diff.get(k) for k in ("added", "removed", "changed")):
+    if not limit or not (diff["added"] or diff["removed"] or diff["changed"]):
         return diff
     size = len(json.dumps(diff, ensure_ascii=False))
     if size <= limit:
         return diff
-    return {"added": [], "removed": [], "changed": [], "truncated": True, "bytes": size}
+    return cut_diff(size)
 
 
 def readable(state: Any) -> bool:

@@ -26,6 +26,7 @@ from sandbox.state import decoder, encoder, view
 from sandbox.state.deltas import Delta, DeltaError, apply, field
 from sandbox.state.parts import Parts, Unwatched, blob, shares
 from sandbox.state.readonly import ReadOnly
+from sandbox.state.view import Diff, no_diff
 from sandbox.wire import answers
 from sandbox.wire.limits import DEFAULTS
 from sandbox.worker import randomness
@@ -42,7 +43,6 @@ from sandbox.worker.randomness import HIDDEN, Stream
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
 UNTOUCHED = answers.UNTOUCHED
-NO_DIFF: dict[str, list[Any]] = {"added": [], "removed": [], "changed": []}
 # A delta grows until it passes this share of its base (or COMPACT_FLOOR bytes, for small bases):
 # then the call answers the whole state, which the service stores as the session's new base.
 COMPACT_SHARE = 0.25
@@ -310,7 +310,7 @@ class LiveSession:
         kind = type(self.instance)
         reads = watched and self.readonly is not None and self.readonly.proven(request["name"], kind)
         result_view = self._run(request)
-        unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": NO_DIFF}
+        unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": no_diff()}
         # A tool that drew randomness changed what is stored, whatever it did to the attributes.
         drew = self.stream.current() != self.hidden
         if reads and not drew:  # a watched state holds builtin values only, which such a tool can but read
@@ -383,7 +383,7 @@ class LiveSession:
         return result_view
 
     def _changed_parts(self, request: dict[str, Any], unchanged: dict[str, Any], before: dict[str, Any],
-                       text: str, change: dict[str, Any], after: bytes | None, limit: int) -> dict[str, Any]:
+                       text: str, change: Diff, after: bytes | None, limit: int) -> dict[str, Any]:
         """The answer to a call whose parts changed (``Parts.watch`` or ``Parts.update`` found which)."""
         same = text == self.text
         self.text, self.print, self.shown = _within(text, limit), after, None
@@ -396,7 +396,7 @@ class LiveSession:
         return answer
 
     def _watched_answer(self, request: dict[str, Any], unchanged: dict[str, Any], before: dict[str, Any],
-                        diff: dict[str, Any], limit: int) -> dict[str, Any]:
+                        diff: Diff, limit: int) -> dict[str, Any]:
         """The answer to a call the watch saw change parts: the whole text is not even joined
         when the parts it changed are the answer."""
         assert self.parts is not None

@@ -158,4 +158,4 @@ def _paths(live: str, rebuilt: str) -> list[str] | None:
         changes = diff(view_encoded(json.loads(live)), view_encoded(json.loads(rebuilt)))
     except (ValueError, TypeError, RecursionError):
         return None
-    return [c.get("path", "") or "/" for kind in ("changed", "added", "removed") for c in changes.get(kind, [])]
+    return [c.get("path", "") or "/" for c in (*changes["changed"], *changes["added"], *changes["removed"])]

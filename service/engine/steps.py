@@ -12,6 +12,7 @@ import json
 from typing import Any, Literal, NotRequired, TypedDict
 
 from sandbox.pool.calls import CallOutcome
+from sandbox.state.view import Diff, cut_diff
 
 PRIVATE = ("_state", "_parts")
 TRUNCATED_PART = 1024  # bytes of an argument or result kept whole in a record cut to its bound
@@ -25,7 +26,7 @@ class CallStep(TypedDict):
     ok: bool
     result: Any
     error: dict[str, str] | None
-    diff: dict[str, Any]
+    diff: Diff
     observation: NotRequired[str]  # (public only)
     _state: NotRequired[Literal["same", "parts", "whole"]]  # (stored only)
     _parts: NotRequired[dict[str, Any]]
@@ -88,8 +89,7 @@ def encoded(record: dict[str, Any], limit: int) -> str:
         if len(text) <= limit:
             return text
     if not record["diff"].get("truncated"):
-        record["diff"] = {"added": [], "removed": [], "changed": [], "truncated": True,
-                          "bytes": len(json.dumps(record["diff"]))}
+        record["diff"] = cut_diff(len(json.dumps(record["diff"])))
         text = json.dumps(record)
     if len(text) > limit:
         stored = dict(record)
