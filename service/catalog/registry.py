@@ -15,10 +15,11 @@ import heapq
 import json
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
+
+from cachetools import LRUCache
 
 from sandbox.errors import RequestFailed, SandboxError
 from sandbox.pool.calls import EnvCode
@@ -66,7 +67,7 @@ class Registry:
         self.max_environments = max_environments
         self.max_scenarios = max_scenarios
         self.max_tenant_bytes = max_tenant_bytes
-        self._parsed: OrderedDict[str, Any] = OrderedDict()  # record digest -> Environment | Scenario
+        self._parsed: LRUCache[str, Any] = LRUCache(maxsize=PARSED_CACHE)  # record digest -> Environment | Scenario
         self._index: ScenarioIndex | None = None
         self._indexed_version = -1
         self._published: set[str] = set()  # catalog versions this process has stored (see ``publish``)
@@ -378,10 +379,6 @@ class Registry:
         if parsed is None:
             parsed = build(json.loads(record))
             self._parsed[digest] = parsed
-            if len(self._parsed) > PARSED_CACHE:
-                self._parsed.popitem(last=False)
-        else:
-            self._parsed.move_to_end(digest)
         return parsed
 
     def _environment_from(self, record: str) -> Environment:

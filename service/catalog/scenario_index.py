@@ -20,9 +20,10 @@ import hashlib
 import heapq
 import json
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from service.catalog.model import MAX_TAGS, CatalogError, Scenario, check_labels
 from service.errors import InvalidRequest
@@ -93,7 +94,7 @@ class ScenarioIndex:
                 keys.append(("split", scenario.split))
             for key in keys:
                 self._postings.setdefault(key, []).append(position)
-        self._answers: OrderedDict[ScenarioQuery, list[Scenario]] = OrderedDict()
+        self._answers: LRUCache[ScenarioQuery, list[Scenario]] = LRUCache(maxsize=KEPT_ANSWERS)
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -115,10 +116,6 @@ class ScenarioIndex:
             shortest = min((self._postings.get(key, []) for key in keys), key=len)
             answer = [s for s in (self._sorted[p] for p in shortest) if query.matches(s)]
             self._answers[query] = answer
-            if len(self._answers) > KEPT_ANSWERS:
-                self._answers.popitem(last=False)
-        else:
-            self._answers.move_to_end(query)
         return answer
 
 

