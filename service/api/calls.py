@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.engine import idempotency
-from service.engine.sessions import Applied, Sessions
+from service.engine.calls import Applied
+from service.engine.sessions import Sessions
 from service.errors import InvalidRequest
 
 KEY = re.compile(idempotency.KEY_PATTERN)

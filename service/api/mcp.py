@@ -60,7 +60,8 @@ from service.catalog.scenario_index import (
     scenario_query,
 )
 from service.engine import idempotency
-from service.engine.sessions import Applied, Sessions
+from service.engine.calls import Applied
+from service.engine.sessions import Sessions
 from service.errors import InvalidRequest, ServiceError
 
 SESSION_PATH = "/v1/sessions/{session_id}/mcp"

@@ -38,7 +38,8 @@ from service.catalog.model import Environment, Scenario
 from service.catalog.scenario_index import ScenarioQuery
 from service.catalog.versions import split
 from service.engine import turns
-from service.engine.sessions import Applied, Sessions
+from service.engine.calls import Applied
+from service.engine.sessions import Sessions
 from service.errors import InvalidRequest, NotFound, QuotaExceeded, ServiceError
 from service.stores.store import Snapshot
 

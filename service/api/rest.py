@@ -30,7 +30,9 @@ from service.catalog.scenario_index import (
 )
 from service.catalog.versions import check_label
 from service.engine import idempotency, turns
-from service.engine.sessions import Applied, Created, Sessions
+from service.engine.calls import Applied
+from service.engine.creation import Created
+from service.engine.sessions import Sessions
 from service.errors import InvalidEnvironment, InvalidRequest, Unavailable
 from service.observability import Metrics
 from service.stores.store import Snapshot, StoreError

@@ -6,7 +6,7 @@ from typing import Any
 
 from service.api import schemas
 from service.engine import turns
-from service.engine.sessions import Created
+from service.engine.creation import Created
 
 
 def created_body(created: Created, turn: int = 0) -> dict[str, Any]:

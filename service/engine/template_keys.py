@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+SCENARIO_KEYS = 4096  # scenarios whose key ``TemplateKeys`` keeps
 
 
 class NotUnicode(ValueError):
@@ -51,6 +52,28 @@ def config_key(tenant: str, code_hash: str, config: dict[str, Any]) -> str:
             _utf8(json.dumps(config, ensure_ascii=False, default=repr))  # raises if it is text
         digest.update(b"marshal\0" + data)
     return digest.hexdigest()[:32]
+
+
+class TemplateKeys:
+    """Each scenario's key, kept while its config is the same object, so that a large scenario is not
+    keyed again for every session made from it; a config from a request body is keyed every time."""
+
+    def __init__(self) -> None:
+        # (tenant, scenario) -> (its config, the code hash, its key)
+        self._kept: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
+
+    def key(self, tenant: str, code_hash: str, scenario_id: str | None, config: dict[str, Any]) -> str:
+        """Raises NotUnicode: the config holds a lone surrogate."""
+        if scenario_id is not None:
+            known = self._kept.get((tenant, scenario_id))
+            if known is not None and known[0] is config and known[1] == code_hash:
+                return known[2]
+        key = config_key(tenant, code_hash, config)
+        if scenario_id is not None:
+            self._kept[(tenant, scenario_id)] = (config, code_hash, key)
+            while len(self._kept) > SCENARIO_KEYS:
+                self._kept.pop(next(iter(self._kept)))
+        return key
 
 
 def _utf8(text: str) -> bytes:

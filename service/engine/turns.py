@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from sandbox.errors import SandboxError
 from service.catalog.model import Environment, Scenario, Turn
 from service.catalog.registry import env_code
-from service.engine import idempotency
-from service.errors import InvalidRequest, LimitExceeded, NotFound, NotTurnBased, SessionBusy, TurnsEnded, Unavailable
-from service.stores.store import LockTimeout, Snapshot, StoreError
+from service.engine import failures, idempotency
+from service.errors import InvalidRequest, LimitExceeded, NotFound, NotTurnBased, TurnsEnded, Unavailable
+from service.stores.store import Snapshot
 
 if TYPE_CHECKING:
     from service.engine.sessions import Sessions
@@ -147,7 +147,7 @@ class Turns:
             if start > step:
                 start, count = 0, 0
             if start < step:
-                page = await self.engine._store(self.engine.store.trajectory_page(session_id, start, step - start))
+                page = await self.engine.stored(self.engine.store.trajectory_page(session_id, start, step - start))
                 if page is None:
                     raise NotFound(f"session '{session_id}' not found (it may have expired)")
                 count += sum(1 for text in page[0] if _ends_turn(text))
@@ -204,35 +204,30 @@ class Turns:
             NotFound, SessionBusy, LimitExceeded, Unavailable: as for a call.
         """
         engine = self.engine
-        engine._warm.pop(session_id, None)
+        engine.calls.forget_warm(session_id)
         print_ = idempotency.fingerprint("turn", {"content": content})
         lease = engine.limits.score_budget + LOCK_SLACK
-        try:
-            async with engine.store.lock(session_id, engine.lock_wait, lease):
-                snap = await engine.snapshot(session_id, trajectory=True, tenant=tenant)
-                env = await engine.environment_of(snap)
-                scenario = await self.scenario(snap)
-                if scenario is None:
-                    raise not_turn_based(session_id)
-                replay = await engine._replay(session_id, key, print_)
-                if replay is not None:
-                    return self._answer(replay.record, env, scenario), True
-                records = [json.loads(text) for text in snap.trajectory]
-                turn = sum(1 for r in records if is_turn(r))
-                if turn >= len(scenario.turns):
-                    raise TurnsEnded(f"all {len(scenario.turns)} turns of session '{session_id}' have ended; "
-                                     "score the session")
-                engine._check_steps(snap)
-                checks = await self._checks(env, snap, scenario.turns[turn],
-                                            responses(since_last_turn(records), turn, content), tenant)
-                done = turn + 1 == len(scenario.turns)
-                record = {"step": snap.meta.step + 1, "kind": TURN, "turn": turn, "content": content,
-                          "checks": checks, "done": done}
-                await engine._commit(snap, None, record, key=key, print_=print_, done=done)
-        except LockTimeout as exc:
-            raise SessionBusy(str(exc)) from exc
-        except StoreError as exc:
-            raise Unavailable(str(exc)) from exc
+        async with engine.writing(), failures.step_failures(), engine.store.lock(session_id, engine.lock_wait, lease):
+            snap = await engine.snapshot(session_id, trajectory=True, tenant=tenant)
+            env = await engine.environment_of(snap)
+            scenario = await self.scenario(snap)
+            if scenario is None:
+                raise not_turn_based(session_id)
+            replay = await engine.calls.replay(session_id, key, print_)
+            if replay is not None:
+                return self._answer(replay.record, env, scenario), True
+            records = [json.loads(text) for text in snap.trajectory]
+            turn = sum(1 for r in records if is_turn(r))
+            if turn >= len(scenario.turns):
+                raise TurnsEnded(f"all {len(scenario.turns)} turns of session '{session_id}' have ended; "
+                                 "score the session")
+            engine.calls.check_steps(snap)
+            checks = await self._checks(env, snap, scenario.turns[turn],
+                                        responses(since_last_turn(records), turn, content), tenant)
+            done = turn + 1 == len(scenario.turns)
+            record = {"step": snap.meta.step + 1, "kind": TURN, "turn": turn, "content": content,
+                      "checks": checks, "done": done}
+            await engine.calls.commit(snap, None, record, key=key, print_=print_, done=done)
         answer = self._answer(record, env, scenario)
         if answer["new_tools"]:
             for tell in self.tools_changed:
@@ -255,7 +250,7 @@ class Turns:
         budget = engine.limits.score_budget
         sources = [with_responses(c.check, turn_responses) for c in turn.checklist]
         try:
-            async with engine._sandbox_slot(tenant):
+            async with engine.sandbox_slot(tenant):
                 results = await asyncio.wait_for(engine.pool.score(env_code(env), snap.state, snap.initial, sources),
                                                  budget)
         except TimeoutError:

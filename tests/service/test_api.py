@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from service.api.problems import MEDIA_TYPE
 
@@ -342,6 +343,35 @@ def test_reading_a_session_of_a_deleted_environment_does_not_keep_it_alive(clien
     assert client.delete(f"/v1/environments/{env_id}").status_code == 204
     problem(client.get(f"/v1/sessions/{sid}"), 404, "not-found")  # no expires_at pushed forward: no session
     assert client.get("/v1/sessions", params={"limit": 1000}).json()["total"] == before - 1  # nor counted
+
+
+def test_a_get_never_deletes_a_session_it_finds_unusable(client: httpx.Client, server: Any,
+                                                         request: pytest.FixtureRequest) -> None:
+    """Reads read: GETs of a session whose environment was deleted answer 404 and leave it stored;
+    the next write to it removes it."""
+    env_id = f"wallet-read-{server.url.rsplit(':', 1)[-1]}"
+    assert client.post("/v1/environments", json={"env_id": env_id, "class_name": "Wallet",
+                                                 "code": ENV_CODE}).status_code == 201
+    sid = new_session(client, env_id=env_id)
+    assert client.delete(f"/v1/environments/{env_id}").status_code == 204
+    for path in ("", "/state", "/trajectory", "/tools", "/turns"):
+        problem(client.get(f"/v1/sessions/{sid}{path}"), 404, "not-found")
+    assert sid not in [s["session_id"] for s in client.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]]
+    redis_url = request.getfixturevalue("redis_url") if request.node.callspec.params["server"] == "redis" else None
+
+    def stored() -> bool:
+        if redis_url is None:
+            return True  # (the memory store is in the server's process: the write below tells instead)
+        return any(redis.Redis.from_url(redis_url).scan_iter(match=f"*:session:{{{sid}}}:meta", count=1000))
+
+    assert stored()
+    # Still stored: the write finds the session and says why it cannot go on, then removes it.
+    write = {"name": "deposit", "arguments": {"amount": 1}}
+    detail = problem(client.post(f"/v1/sessions/{sid}/calls", json=write), 404, "not-found")["detail"]
+    assert f"environment '{env_id}' was deleted" in detail
+    assert redis_url is None or not stored()
+    detail = problem(client.post(f"/v1/sessions/{sid}/calls", json=write), 404, "not-found")["detail"]
+    assert "may have expired" in detail
 
 
 @pytest.mark.parametrize(
