@@ -28,3 +28,10 @@ def test_imports_keep_the_layers() -> None:
     done = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+def test_no_module_is_over_600_lines() -> None:
+    # A module past this is several things: split it along its seams (the README's "Where things are").
+    long = {str(path.relative_to(ROOT)): n for package in ("service", "sandbox", "synthesis")
+            for path in (ROOT / package).rglob("*.py") if (n := len(path.read_text().splitlines())) > 600}
+    assert not long, long

@@ -50,7 +50,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """Bounds on what one session or tenant may hold or take; each is named in the problem it raises."""
+    """Bounds on what one session or tenant may hold or take; each is named in the problem it raises.
+
+    The defaults here are the settings' (``service.server.settings`` refers to them, not copies)."""
 
     max_steps: int = 10_000
     max_sessions: int = 10_000  # live sessions (forks included) per tenant
@@ -63,7 +65,7 @@ class SessionLimits:
     replay_cache_bytes: int = 64 << 20  # and their size
     tenant_sandbox_share: float = 1.0  # of the sandbox workers one tenant may hold even when nobody waits
     max_tenant_bytes: int = 1 << 30  # what one tenant's sessions and catalog records may store
-    sandbox_reserve: int = 0  # sandbox workers kept for tenants that hold none (see FairGate)
+    sandbox_reserve: int = 1  # sandbox workers kept for tenants that hold none (see FairGate); 0 without keys
 
 
 class Sessions:
@@ -71,11 +73,11 @@ class Sessions:
     sees: another tenant's session is reported exactly like a missing one."""
 
     def __init__(self, registry: Registry, store: SessionStore, pool: WorkerPool, lock_wait: float,
-                 user: UserSimulator | None = None, offload: Offload | None = None,
-                 limits: SessionLimits | None = None, metrics: Metrics | None = None) -> None:
+                 user: UserSimulator | None = None, offload: Offload | None = None, *,
+                 limits: SessionLimits, metrics: Metrics | None = None) -> None:
         self.offload = offload or Offload()
         self.metrics = metrics or Metrics()
-        self.limits = limits or SessionLimits()
+        self.limits = limits
         self.gate = FairGate(pool.size, self.limits.tenant_sandbox_share, self.limits.sandbox_reserve)
         self.metrics.sandbox_bounds.labels("cap").set(self.gate.cap)
         self.metrics.sandbox_bounds.labels("reserve").set(self.gate.reserve)

@@ -13,7 +13,7 @@ from service.catalog.collection import Catalog
 from service.catalog.model import CatalogError, Scenario
 from service.catalog.registry import Registry, env_code
 from service.catalog.requirements import AllowList, Packages
-from service.engine.sessions import Sessions
+from service.engine.sessions import SessionLimits, Sessions
 from service.errors import ServiceError
 from service.stores.memory_store import MemoryStore
 
@@ -62,7 +62,8 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
 def sessions_for(catalog: Catalog, pool: WorkerPool) -> Sessions:
     """An engine over ``catalog`` with sessions in memory: what ``check_scenario`` replays through."""
     store = MemoryStore()
-    return Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60)
+    # One tenant replays: a sandbox worker kept for another would only idle.
+    return Sessions(Registry(catalog, store, pool), store, pool, lock_wait=60, limits=SessionLimits(sandbox_reserve=0))
 
 
 async def check_scenario(sessions: Sessions, pool: WorkerPool, catalog: Catalog, scenario: Scenario,

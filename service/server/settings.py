@@ -20,6 +20,7 @@ from service.catalog.packages.layers import BUILD_UID
 from service.catalog.requirements import AllowList, Packages
 from service.engine.sessions import SessionLimits
 from service.server.connections import ConnectionBounds
+from service.stores.store import SESSION_TTL
 
 
 class _Settings(BaseSettings):
@@ -51,7 +52,7 @@ class _Settings(BaseSettings):
     workers: int = Field(default=4, ge=1, le=256, description="Sandbox worker processes.")
     worker_uid_base: int = Field(default=61000, description="Workers run as uid base+slot when the service is root.")
     worker_max_requests: int = Field(default=5000, ge=1, description="Requests before a worker is recycled.")
-    session_ttl: float = Field(default=3600.0, gt=0, description="Seconds an idle session lives.")
+    session_ttl: float = Field(default=SESSION_TTL, gt=0, description="Seconds an idle session lives.")
     max_body_bytes: int = Field(default=8 << 20, description="Largest accepted request body (parsing it must not "
                                 "hold the event loop for long).")
     max_body_values: int = Field(default=200_000, ge=1000, description="Most JSON values one request body may hold "
@@ -88,28 +89,28 @@ class _Settings(BaseSettings):
     api_keys_file: Path | None = Field(default=None, description="A file of API key lines (see service/api/auth.py).")
     max_environments: int = Field(default=100, ge=0, description="Environments one tenant may add.")
     max_scenarios: int = Field(default=10_000, ge=0, description="Scenarios one tenant may add.")
-    max_steps: int = Field(default=10_000, ge=1, description="Steps one session may take.")
-    max_sessions: int = Field(default=10_000, ge=1, description="Live sessions (forks included) one tenant may hold.")
-    max_record_bytes: int = Field(default=256 * 1024, ge=1024, description="Size of one trajectory record; "
+    max_steps: int = Field(default=SessionLimits.max_steps, ge=1, description="Steps one session may take.")
+    max_sessions: int = Field(default=SessionLimits.max_sessions, ge=1, description="Live sessions (forks included) one tenant may hold.")
+    max_record_bytes: int = Field(default=SessionLimits.max_record_bytes, ge=1024, description="Size of one trajectory record; "
                                   "a larger state diff is summarised.")
-    score_budget: float = Field(default=20.0, gt=0, description="Seconds all checks of one score request may take.")
-    rewind_budget: float = Field(default=30.0, gt=0, description="Seconds replaying a session's steps may take, to "
+    score_budget: float = Field(default=SessionLimits.score_budget, gt=0, description="Seconds all checks of one score request may take.")
+    rewind_budget: float = Field(default=SessionLimits.rewind_budget, gt=0, description="Seconds replaying a session's steps may take, to "
                                  "show or fork the state after a past step.")
-    replay_seconds: float = Field(default=60.0, gt=0, description="Seconds of replay (running a session's steps "
+    replay_seconds: float = Field(default=SessionLimits.replay_seconds, gt=0, description="Seconds of replay (running a session's steps "
                                   "again to rebuild a past state) one tenant may use per minute in each replica; "
                                   "past it, 429 until paid back.")
-    max_tenant_replays: int = Field(default=2, ge=1, description="Replays one tenant may run at once in each "
+    max_tenant_replays: int = Field(default=SessionLimits.max_tenant_replays, ge=1, description="Replays one tenant may run at once in each "
                                     "replica (429 beyond).")
-    replay_cache_entries: int = Field(default=1024, ge=0, description="Past states rebuilt by replay that each "
+    replay_cache_entries: int = Field(default=SessionLimits.replay_cache_entries, ge=0, description="Past states rebuilt by replay that each "
                                       "replica keeps, so asking again costs no replay.")
-    replay_cache_bytes: int = Field(default=64 << 20, ge=0, description="Size of the past states rebuilt by "
+    replay_cache_bytes: int = Field(default=SessionLimits.replay_cache_bytes, ge=0, description="Size of the past states rebuilt by "
                                     "replay that each replica keeps, in characters of their encoded text.")
-    tenant_sandbox_share: float = Field(default=1.0, gt=0, le=1, description="Share of the sandbox workers one "
+    tenant_sandbox_share: float = Field(default=SessionLimits.tenant_sandbox_share, gt=0, le=1, description="Share of the sandbox workers one "
                                         "tenant may hold at once.")
-    max_tenant_bytes: int = Field(default=1 << 30, ge=1 << 20, description="Bytes one tenant may store: its "
+    max_tenant_bytes: int = Field(default=SessionLimits.max_tenant_bytes, ge=1 << 20, description="Bytes one tenant may store: its "
                                   "sessions' states, initial states and step records, and its added environments "
                                   "and scenarios. A write past it is refused whole (429 quota-exceeded).")
-    sandbox_reserve: int = Field(default=1, ge=0, description="With API keys: sandbox workers kept for tenants "
+    sandbox_reserve: int = Field(default=SessionLimits.sandbox_reserve, ge=0, description="With API keys: sandbox workers kept for tenants "
                                  "that hold none, so one tenant holding the others cannot make another's first "
                                  "request wait for its calls to end (always fewer than the workers).")
     analysis_wait: float = Field(default=analysis.WAIT, gt=0, description="How long an environment submission "

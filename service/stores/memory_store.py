@@ -14,7 +14,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandbox.state import deltas
-from service.stores.store import BytesQuota, Held, LocalLocks, RecordLimit, SessionMeta, Snapshot, stored_bytes
+from service.stores.store import (
+    SESSION_TTL,
+    BytesQuota,
+    Held,
+    LocalLocks,
+    RecordLimit,
+    SessionMeta,
+    Snapshot,
+    stored_bytes,
+)
 
 BaseKey = tuple[str, str]  # (tenant, digest)
 
@@ -34,7 +43,7 @@ class _Entry:
 
 
 class MemoryStore:
-    def __init__(self, ttl: float = 3600.0) -> None:
+    def __init__(self, ttl: float = SESSION_TTL) -> None:
         self.ttl = ttl
         self._sessions: dict[str, _Entry] = {}
         self._locks = LocalLocks()

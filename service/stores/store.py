@@ -32,6 +32,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+# Seconds an idle session lives, unless it asked for its own (ENVFOUNDRY_SESSION_TTL).
+SESSION_TTL = 3600.0
+
 
 class StoreError(Exception):
     """The store is unreachable or answered unexpectedly."""

@@ -21,11 +21,11 @@ from service.stores.redis.locks import Locks
 from service.stores.redis.records import Records
 from service.stores.redis.sessions import Sessions
 from service.stores.redis.tenants import Tenants
-from service.stores.store import Held, SessionMeta, Snapshot
+from service.stores.store import SESSION_TTL, Held, SessionMeta, Snapshot
 
 
 class RedisStore:
-    def __init__(self, url: str | None, ttl: float = 3600.0, prefix: str = "ef", *,
+    def __init__(self, url: str | None, ttl: float = SESSION_TTL, prefix: str = "ef", *,
                  cluster_nodes: str | None = None) -> None:
         self.ttl = ttl
         self.keys = Keys(prefix)
