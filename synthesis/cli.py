@@ -11,8 +11,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from synthesis.config import api_key, load_config
 from synthesis.errors import ConfigError
+from synthesis.run.config import api_key, load_config
 
 # The pipeline (and through it the sandbox and the service) is imported only when a stage runs,
 # so registering the command costs every other ``envfoundry`` command nothing. Same as pipeline.STAGES.
@@ -74,7 +74,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         if args.corpus is not None:
             config = config.model_copy(update={"corpus": args.corpus.resolve()})
         key = api_key(config)
-        from synthesis.pipeline import run
+        from synthesis.run.pipeline import run
 
         result = asyncio.run(run(config, args.out, tuple(args.stages), api_key=key, use_cache=not args.no_cache))
     except ConfigError as exc:
@@ -99,7 +99,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_variants(args: argparse.Namespace) -> int:
     """0: variants written; 2: unusable configuration, catalog or scenario id; 3: none validated, or the
     endpoint can serve no request."""
-    from synthesis.variants import run_command
+    from synthesis.stages.variants import run_command
 
     try:
         config = load_config(args.config).with_run(concurrency=args.concurrency)

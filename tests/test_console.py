@@ -50,7 +50,7 @@ def lib_001() -> dict[str, object]:
 
 
 def synth_folder(root: Path) -> Path:
-    """An `envfoundry synth` output folder's records, in the shape synthesis/report.py and assess.py write."""
+    """An `envfoundry synth` output folder's records, in the shape synthesis/run/report.py and assess.py write."""
     work = root / "synth-out" / "_work"
     work.mkdir(parents=True)
     stages = [("themes", 10, 6, {"open_qa": 4}), ("skeletons", 4, 3, {}), ("assess", 3, 2, {"below_pass_ratio": 1})]

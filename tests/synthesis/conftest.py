@@ -12,7 +12,7 @@ import pytest
 from sandbox.backends.process import ProcessBackend
 from sandbox.pool.requests import WorkerPool
 from sandbox.wire.limits import Limits
-from synthesis.config import SynthConfig
+from synthesis.run.config import SynthConfig
 from tests.conftest import ROOT
 from tests.scripted_openai import Running
 from tests.scripted_openai.fixtures import EMBED_MODEL, LABEL_HEADER, ScriptedLLM
@@ -100,7 +100,7 @@ def latest(folder: Path, item: str = "main") -> str:
 
 
 def fixture_theme(env_id: str) -> dict[str, Any]:
-    from synthesis.answers import parse_theme
+    from synthesis.parsing.answers import parse_theme
 
     theme = parse_theme(latest(ANSWERS / "corpus" / "theme_judge", THEME_OF[env_id]))
     return {"env_id": env_id, "summary": theme.summary, "introduction": theme.introduction,
@@ -109,9 +109,9 @@ def fixture_theme(env_id: str) -> dict[str, Any]:
 
 def fixture_skeleton(env_id: str) -> dict[str, Any]:
     """The kept skeleton record the skeleton stage writes for ``env_id``, assembled from its fixture answers."""
-    from synthesis.answers import parse_operation_plan, parse_state_plan
-    from synthesis.assembly import assemble
-    from synthesis.sources import parse_class_code, parse_method
+    from synthesis.build.assembly import assemble
+    from synthesis.parsing.answers import parse_operation_plan, parse_state_plan
+    from synthesis.parsing.sources import parse_class_code, parse_method
 
     folder = ANSWERS / env_id
     plan = parse_state_plan(latest(folder / "state_plan"))
@@ -136,7 +136,7 @@ async def contexts(tmp_path: Path, llm: Running) -> AsyncIterator[Any]:
     """A factory of pipeline contexts on ``tmp_path/out`` talking to the scripted endpoint; closed afterwards."""
     import io
 
-    from synthesis.context import Context
+    from synthesis.run.context import Context
 
     made: list[Context] = []
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from synthesis.answers import (
+from synthesis.errors import ParseError
+from synthesis.parsing.answers import (
     parse_checklist,
     parse_env_texts,
     parse_init_state,
@@ -19,7 +20,6 @@ from synthesis.answers import (
     parse_theme,
     parse_verdict,
 )
-from synthesis.errors import ParseError
 from tests.synthesis.conftest import ANSWERS, latest
 
 

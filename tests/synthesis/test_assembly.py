@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 
 from service.catalog.admission import build_environment
-from synthesis.assembly import assemble, merge_imports
-from synthesis.sources import MethodSource
+from synthesis.build.assembly import assemble, merge_imports
+from synthesis.parsing.sources import MethodSource
 from tests.synthesis.conftest import fixture_skeleton
 
 STATE = '''from typing import Dict
@@ -62,8 +62,8 @@ def test_fixture_environment_assembles_into_working_tools() -> None:
 
 
 def test_a_method_is_replaced_or_removed_and_the_class_still_compiles() -> None:
-    from synthesis.assembly import replace_method
-    from synthesis.sources import parse_method
+    from synthesis.build.assembly import replace_method
+    from synthesis.parsing.sources import parse_method
     from tests.synthesis.conftest import fixture_skeleton
 
     record = fixture_skeleton("clinic_appointments")
@@ -83,8 +83,8 @@ def test_a_method_is_replaced_or_removed_and_the_class_still_compiles() -> None:
 
 
 def test_a_rewrite_with_a_new_helper_keeps_the_method_in_place_and_puts_the_helper_after_it() -> None:
-    from synthesis.assembly import replace_method
-    from synthesis.sources import parse_method
+    from synthesis.build.assembly import replace_method
+    from synthesis.parsing.sources import parse_method
 
     code = "class Shop:\n    def a(self) -> dict:\n        return {}\n\n    def b(self) -> dict:\n        return {}\n\n" \
            "    def c(self) -> dict:\n        return {}\n\n\nLIMIT = 3\n"  # fmt: skip

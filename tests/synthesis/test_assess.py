@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from synthesis import assess
-from synthesis.context import Context
-from synthesis.skeleton import environment
+from synthesis.run.context import Context
+from synthesis.stages import assess
+from synthesis.stages.skeleton import environment
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, seed_scope
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synthesis.cache import ResponseCache, request_key
+from synthesis.llm.cache import ResponseCache, request_key
 
 
 def test_key_is_canonical_and_content_addressed() -> None:

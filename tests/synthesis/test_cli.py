@@ -33,7 +33,7 @@ def test_add_parser_registers_every_stage_with_its_options() -> None:
 
 
 def test_the_command_lists_the_pipeline_stages_in_order() -> None:
-    from synthesis.pipeline import STAGES
+    from synthesis.run.pipeline import STAGES
 
     assert cli.STAGES == STAGES
 

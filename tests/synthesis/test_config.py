@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from synthesis.config import api_key, load_config
 from synthesis.errors import ConfigError
+from synthesis.run.config import api_key, load_config
 from tests.synthesis.conftest import config_data, write_config
 
 

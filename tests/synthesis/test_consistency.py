@@ -6,8 +6,8 @@ import copy
 import json
 from typing import Any
 
-from synthesis.answers import parse_init_state
-from synthesis.consistency import problems, schema_of
+from synthesis.build.consistency import problems, schema_of
+from synthesis.parsing.answers import parse_init_state
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest
 
 CLINIC = fixture_skeleton("clinic_appointments")

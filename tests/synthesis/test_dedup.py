@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from synthesis import dedup
-from synthesis.answers import parse_theme
-from synthesis.context import Context
+from synthesis.parsing.answers import parse_theme
+from synthesis.run.context import Context
+from synthesis.stages import dedup
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import ANSWERS, latest
 
@@ -114,7 +114,7 @@ def test_similarity_measures() -> None:
 
 
 def test_without_embeddings_paraphrased_themes_are_duplicates_and_distinct_domains_are_not() -> None:
-    from synthesis.config import Thresholds
+    from synthesis.run.config import Thresholds
 
     threshold = Thresholds().lexical_similarity
     assert dedup.lexical(ROOM_SERVICE, IN_ROOM_DINING) >= threshold

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from synthesis.answers import parse_theme
-from synthesis.cache import ResponseCache
-from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, LLMRejected
-from synthesis.llm import LLMClient
-from synthesis.prompts import render
-from synthesis.usage import Ledger
+from synthesis.llm.cache import ResponseCache
+from synthesis.llm.client import LLMClient
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render
+from synthesis.llm.usage import Ledger
+from synthesis.parsing.answers import parse_theme
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import make_config
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from service.catalog.collection import Catalog
-from synthesis import publish, scenarios
-from synthesis.context import Context
+from synthesis.run.context import Context
+from synthesis.stages import publish, scenarios
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, fixture_theme
 
@@ -76,7 +76,7 @@ async def test_a_blamed_tool_no_rewrite_fixes_drops_the_environment(contexts: An
 
 async def test_an_environment_diagnosis_must_name_a_tool_of_the_environment() -> None:
     from synthesis.errors import ParseError
-    from synthesis.scenario_repair import parse_fix
+    from synthesis.repair.scenario_repair import parse_fix
 
     answer = '```json\n{"diagnosis": "environment", "reason": "wrong sum", "tool": "%s"}\n```'
     assert parse_fix(answer % "transfer_stock", {"transfer_stock", "get_stock"}, 2).tool == "transfer_stock"
@@ -85,9 +85,9 @@ async def test_an_environment_diagnosis_must_name_a_tool_of_the_environment() ->
 
 
 async def test_a_kept_scenario_that_relied_on_the_bug_is_failed_after_the_repair(contexts: Any, llm: Running) -> None:
-    from synthesis.answers import parse_init_state
-    from synthesis.env_repair import revision
-    from synthesis.skeleton import environment
+    from synthesis.parsing.answers import parse_init_state
+    from synthesis.repair.env_repair import revision
+    from synthesis.stages.skeleton import environment
     from tests.synthesis.conftest import ANSWERS, latest
 
     ctx = contexts(run={"scenarios_per_env": 2})

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from synthesis.cache import ResponseCache
 from synthesis.errors import EndpointUnusable, LLMGaveUp, LLMRejected
-from synthesis.llm import LLMClient
-from synthesis.prompts import render
-from synthesis.usage import Ledger
+from synthesis.llm.cache import ResponseCache
+from synthesis.llm.client import LLMClient
+from synthesis.llm.prompts import render
+from synthesis.llm.usage import Ledger
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import make_config
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from service.catalog.collection import Catalog
-from synthesis import publish, scenarios, skeleton
+from synthesis.stages import publish, scenarios, skeleton
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_theme
 
@@ -46,7 +46,7 @@ async def test_a_class_counter_is_sent_back_and_the_repaired_environment_is_publ
 
 async def test_a_state_class_that_keeps_state_on_the_class_is_refused_with_the_line() -> None:
     from synthesis.errors import ParseError
-    from synthesis.sources import parse_class_code
+    from synthesis.parsing.sources import parse_class_code
 
     answer = ("```python\nclass Desk:\n    registry = {}\n\n    def __init__(self, init_config=None):\n"
               "        self.orders = {}\n\n    def _remember(self, key):\n        self.registry[key] = True\n```")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from synthesis import parse as p
 from synthesis.errors import ParseError
+from synthesis.parsing import parse as p
 
 
 def test_json_answer_reads_the_single_json_block_and_ignores_prose() -> None:

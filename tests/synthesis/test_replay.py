@@ -9,10 +9,10 @@ import pytest
 from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
-from synthesis import replay
-from synthesis.answers import Call, parse_checklist, parse_init_state, parse_solution
-from synthesis.skeleton import environment
-from synthesis.sources import parse_check_func
+from synthesis.parsing.answers import Call, parse_checklist, parse_init_state, parse_solution
+from synthesis.parsing.sources import parse_check_func
+from synthesis.stages import replay
+from synthesis.stages.skeleton import environment
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest
 
 pytestmark = pytest.mark.anyio

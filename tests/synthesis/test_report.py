@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from synthesis.config import Prices
-from synthesis.progress import Progress
-from synthesis.report import StageReport, render
-from synthesis.usage import Ledger
+from synthesis.llm.usage import Ledger
+from synthesis.run.config import Prices
+from synthesis.run.progress import Progress
+from synthesis.run.report import StageReport, render
 
 
 def test_progress_prints_a_line_per_tenth_when_not_a_terminal() -> None:

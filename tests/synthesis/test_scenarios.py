@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from service.catalog.collection import Catalog
-from synthesis import publish, scenarios
-from synthesis.answers import parse_init_state
-from synthesis.context import Context
-from synthesis.skeleton import environment
+from synthesis.parsing.answers import parse_init_state
+from synthesis.run.context import Context
+from synthesis.stages import publish, scenarios
+from synthesis.stages.skeleton import environment
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import ANSWERS, fixture_skeleton, latest, seed_scope
 
@@ -132,10 +132,10 @@ def test_scenario_keys_are_stable() -> None:
 
 
 def test_a_kind_given_again_unchanged_is_not_reported_as_a_change() -> None:
-    from synthesis.answers import TaskSpec
-    from synthesis.drafts import Draft
-    from synthesis.replay import Check
-    from synthesis.scenario_repair import ScenarioFix
+    from synthesis.build.drafts import Draft
+    from synthesis.parsing.answers import TaskSpec
+    from synthesis.repair.scenario_repair import ScenarioFix
+    from synthesis.stages.replay import Check
 
     draft = Draft(TaskSpec("Book it.", []), [Check("Booked.", "change", "def check_func(final_state):\n    return True\n")], [])
     new_source = "def check_func(final_state):\n    return bool(final_state)\n"

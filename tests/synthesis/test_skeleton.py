@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from synthesis import skeleton
-from synthesis.context import Context
 from synthesis.errors import ConfigError
+from synthesis.run.context import Context
+from synthesis.stages import skeleton
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import fixture_skeleton, fixture_theme
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from synthesis.errors import ParseError
-from synthesis.sources import parse_check_func, parse_class_code, parse_method
+from synthesis.parsing.sources import parse_check_func, parse_class_code, parse_method
 from tests.synthesis.conftest import ANSWERS, latest
 
 CLINIC = ANSWERS / "clinic_appointments"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def test_a_large_state_shown_for_a_call_keeps_the_record_the_call_names() -> None:
-    from synthesis.prompts import shown
-    from synthesis.states import focused
+    from synthesis.llm.prompts import shown
+    from synthesis.stages.states import focused
 
     permits = {f"PP-{n:04d}": {"permit_id": f"PP-{n:04d}", "plate": f"KX{n:02d} TRV", "status": "active"} for n in range(200)}
     state = {"permits": permits, "zones": {"Z1": {"fee": 30}}, "next_id": 201}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from synthesis import themes
 from synthesis.errors import ConfigError
+from synthesis.stages import themes
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import CORPUS
 

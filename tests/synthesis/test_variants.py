@@ -1,4 +1,4 @@
-"""``synth variants`` (synthesis/variants.py): two-turn variants of the bundled library's scenarios, a tool that
+"""``synth variants`` (synthesis/stages/variants.py): two-turn variants of the bundled library's scenarios, a tool that
 arrives in turn 2 or a card number the user gives only when asked, each validated turn by turn in the sandbox
 and written as a package the catalog loads (and ``catalog validate`` passes) unchanged."""
 
@@ -20,7 +20,7 @@ from service.catalog.model import Scenario
 from service.engine.validate import Report, validate_catalog
 from synthesis import cli
 from synthesis.errors import ParseError
-from synthesis.variants import UNCHANGED, Held, held_parameter, mentions, parse_rewrite
+from synthesis.stages.variants import UNCHANGED, Held, held_parameter, mentions, parse_rewrite
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import write_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synthesis.workspace import RecordFile
+from synthesis.run.workspace import RecordFile
 
 
 def test_last_record_of_a_key_wins(tmp_path: Path) -> None:

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.catalog.model import Environment
-from synthesis import parse as p
-from synthesis.answers import Call, parse_solution
-from synthesis.context import Context
-from synthesis.dialogue import ask
-from synthesis.drafts import Draft, rules_of
+from synthesis.build.drafts import Draft, rules_of
 from synthesis.errors import ParseError
-from synthesis.prompts import render, shown
-from synthesis.replay import Validation
-from synthesis.sources import parse_check_func
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render, shown
+from synthesis.parsing import parse as p
+from synthesis.parsing.answers import Call, parse_solution
+from synthesis.parsing.sources import parse_check_func
+from synthesis.run.context import Context
+from synthesis.stages.replay import Validation
 
 DIAGNOSES = ("check", "solution", "task", "environment")
 

@@ -38,12 +38,12 @@ from service.catalog.folders import bundled_catalog_dir, write_package
 from service.catalog.model import MAX_TAGS, CatalogError, CheckItem, Environment, Scenario, ToolCall, Turn
 from service.engine.validate import Report, check_scenario, sessions_for
 from service.errors import ServiceError
-from synthesis import parse
-from synthesis.config import SynthConfig
-from synthesis.context import Context
-from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected, ConfigError, EndpointUnusable, LLMError, ParseError
-from synthesis.prompts import render
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render
+from synthesis.parsing import parse
+from synthesis.run.config import SynthConfig
+from synthesis.run.context import Context
 
 KINDS = ("missing-tool", "missing-param")
 STAGE = "variants"

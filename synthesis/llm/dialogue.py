@@ -6,10 +6,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from synthesis.config import Role
 from synthesis.errors import AnswerRejected, ParseError
-from synthesis.llm import LLMClient, Message
-from synthesis.prompts import Prompt, cut_off, reask
+from synthesis.llm.client import LLMClient, Message
+from synthesis.llm.prompts import Prompt, cut_off, reask
+from synthesis.run.config import Role
 
 T = TypeVar("T")
 

@@ -11,15 +11,15 @@ from typing import Any, TextIO
 
 from sandbox.errors import SandboxError
 from sandbox.pool.requests import WorkerPool
-from synthesis.cache import ResponseCache
-from synthesis.config import SynthConfig
-from synthesis.dialogue import REASKS
 from synthesis.errors import ConfigError, Dropped, EndpointUnusable, SynthesisError
-from synthesis.llm import LLMClient
-from synthesis.progress import Progress
-from synthesis.report import DROPPED, FAILED, KEPT, StageReport
-from synthesis.usage import Ledger
-from synthesis.workspace import RecordFile, Workspace
+from synthesis.llm.cache import ResponseCache
+from synthesis.llm.client import LLMClient
+from synthesis.llm.dialogue import REASKS
+from synthesis.llm.usage import Ledger
+from synthesis.run.config import SynthConfig
+from synthesis.run.progress import Progress
+from synthesis.run.report import DROPPED, FAILED, KEPT, StageReport
+from synthesis.run.workspace import RecordFile, Workspace
 
 Work = Callable[[str], Awaitable[dict[str, Any]]]
 

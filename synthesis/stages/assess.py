@@ -15,12 +15,14 @@ from collections import Counter
 from typing import Any
 
 from service.catalog.model import Environment
-from synthesis import dedup, states, tester, tool_repair
-from synthesis.checker import JUDGED, method_source
-from synthesis.config import Thresholds
-from synthesis.context import Context
-from synthesis.report import DROPPED, KEPT, StageReport
-from synthesis.skeleton import environment
+from synthesis.agents import tester
+from synthesis.agents.checker import JUDGED, method_source
+from synthesis.repair import tool_repair
+from synthesis.run.config import Thresholds
+from synthesis.run.context import Context
+from synthesis.run.report import DROPPED, KEPT, StageReport
+from synthesis.stages import dedup, states
+from synthesis.stages.skeleton import environment
 
 STAGE = "assess"
 __all__ = ["STAGE", "assess", "decide", "method_source", "pass_ratio", "run"]

@@ -22,15 +22,17 @@ from typing import Any
 
 from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
-from synthesis import dedup, drafts, replay, scenario_repair, states
-from synthesis.answers import Call, InitState
-from synthesis.context import Context
-from synthesis.drafts import Draft
-from synthesis.env_repair import EnvironmentRepair, Verify, revision
+from synthesis.build import drafts
+from synthesis.build.drafts import Draft
 from synthesis.errors import AnswerRejected, Dropped
-from synthesis.prompts import shown
-from synthesis.report import DROPPED, FAILED, KEPT, StageReport
-from synthesis.skeleton import environment
+from synthesis.llm.prompts import shown
+from synthesis.parsing.answers import Call, InitState
+from synthesis.repair import scenario_repair
+from synthesis.repair.env_repair import EnvironmentRepair, Verify, revision
+from synthesis.run.context import Context
+from synthesis.run.report import DROPPED, FAILED, KEPT, StageReport
+from synthesis.stages import dedup, replay, states
+from synthesis.stages.skeleton import environment
 
 STAGE = "scenarios"
 

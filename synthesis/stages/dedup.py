@@ -23,9 +23,9 @@ import re
 from collections import Counter
 from typing import Any
 
-from synthesis.context import Context
 from synthesis.errors import LLMError
-from synthesis.report import DROPPED, KEPT, StageReport
+from synthesis.run.context import Context
+from synthesis.run.report import DROPPED, KEPT, StageReport
 
 STAGE = "dedup"
 _WORD = re.compile(r"[a-z0-9]+")

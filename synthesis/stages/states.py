@@ -10,12 +10,12 @@ from sandbox.pool.requests import WorkerPool
 from sandbox.state.view import view_encoded
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
-from synthesis.answers import InitState, parse_init_state
-from synthesis.consistency import problems, schema_of
-from synthesis.context import Context
-from synthesis.dialogue import ask
+from synthesis.build.consistency import problems, schema_of
 from synthesis.errors import Dropped, ParseError
-from synthesis.prompts import render, shown
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render, shown
+from synthesis.parsing.answers import InitState, parse_init_state
+from synthesis.run.context import Context
 
 
 def view(state: str) -> Any:

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from synthesis import parse as p
 from synthesis.errors import ParseError
+from synthesis.parsing import parse as p
 
 DROP_CATEGORIES = ("open_qa", "chit_chat", "content_creation", "calculation", "other")
 

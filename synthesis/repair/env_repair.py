@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from service.catalog.model import Environment
-from synthesis.context import Context
 from synthesis.errors import Dropped
-from synthesis.report import DROPPED
-from synthesis.tool_repair import rewrite
+from synthesis.repair.tool_repair import rewrite
+from synthesis.run.context import Context
+from synthesis.run.report import DROPPED
 
 Verify = Callable[[Environment], Awaitable[str | None]]  # None: the scenario validates with this environment
 

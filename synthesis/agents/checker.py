@@ -16,12 +16,12 @@ from typing import Any
 
 from sandbox.pool.calls import CallOutcome
 from service.catalog.model import Environment
-from synthesis import states
-from synthesis.answers import parse_verdict
-from synthesis.context import Context
-from synthesis.dialogue import ask
 from synthesis.errors import AnswerRejected
-from synthesis.prompts import render, shown
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render, shown
+from synthesis.parsing.answers import parse_verdict
+from synthesis.run.context import Context
+from synthesis.stages import states
 
 SANDBOX_FAILS = {"tool_exception", "timeout", "resource_limit"}
 JUDGED = ("pass", "warning", "fail")

@@ -1,4 +1,4 @@
-"""Prompt templates: ``synthesis/prompts/<name>.txt``, rendered with ``string.Template``.
+"""Prompt templates: ``synthesis/llm/prompts/<name>.txt``, rendered with ``string.Template``.
 
 A template file has a ``[system]`` section and a ``[user]`` section. Values are
 substituted as ``$name``; a literal dollar is ``$$``; a missing value is an
@@ -17,7 +17,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from synthesis.llm import Message
+from synthesis.llm.client import Message
 
 FOLDER = Path(__file__).with_name("prompts")
 

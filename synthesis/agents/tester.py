@@ -16,13 +16,14 @@ from typing import Any
 
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
-from synthesis import checker, states
-from synthesis.answers import parse_probe_call
-from synthesis.context import Context
-from synthesis.dialogue import converse
+from synthesis.agents import checker
 from synthesis.errors import AnswerRejected
-from synthesis.llm import Message
-from synthesis.prompts import render, shown, turn
+from synthesis.llm.client import Message
+from synthesis.llm.dialogue import converse
+from synthesis.llm.prompts import render, shown, turn
+from synthesis.parsing.answers import parse_probe_call
+from synthesis.run.context import Context
+from synthesis.stages import states
 
 HISTORY = 6  # exchanges the tester sees in full
 

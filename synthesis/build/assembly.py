@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from synthesis.errors import ParseError
-from synthesis.sources import MethodSource
+from synthesis.parsing.sources import MethodSource
 
 
 @dataclass

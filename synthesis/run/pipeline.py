@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from synthesis import assess, dedup, publish, scenarios, skeleton, themes
-from synthesis.config import SynthConfig
-from synthesis.context import Context
 from synthesis.errors import EndpointUnusable
-from synthesis.report import StageReport, render
-from synthesis.usage import Usage, read_journal
+from synthesis.llm.usage import Usage, read_journal
+from synthesis.run.config import SynthConfig
+from synthesis.run.context import Context
+from synthesis.run.report import StageReport, render
+from synthesis.stages import assess, dedup, publish, scenarios, skeleton, themes
 
 STAGES = ("themes", "skeletons", "assess", "scenarios")
 _STEPS: dict[str, list[Callable[[Context], Awaitable[StageReport]]]] = {

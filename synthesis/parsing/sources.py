@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from service.catalog import outside_state
 from synthesis.errors import ParseError
-from synthesis.parse import python_answer
+from synthesis.parsing.parse import python_answer
 
 _MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault",
              "add", "discard", "sort", "reverse", "__setitem__", "__delitem__"}  # fmt: skip

@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 
-from synthesis.cache import ResponseCache, request_key
-from synthesis.config import Role, SynthConfig
 from synthesis.errors import EndpointUnusable, LLMGaveUp, LLMRejected
-from synthesis.usage import Ledger
+from synthesis.llm.cache import ResponseCache, request_key
+from synthesis.llm.usage import Ledger
+from synthesis.run.config import Role, SynthConfig
 
 Message = dict[str, str]
 Check = Callable[[Any], None]  # raises on a response body of the wrong shape

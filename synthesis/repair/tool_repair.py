@@ -22,15 +22,16 @@ from sandbox.errors import RequestFailed
 from service.catalog.admission import build_environment
 from service.catalog.model import CatalogError, Environment
 from service.catalog.registry import env_code
-from synthesis import checker, states
-from synthesis.answers import EnvTexts, parse_env_texts
-from synthesis.assembly import replace_method
-from synthesis.context import Context
-from synthesis.dialogue import ask
+from synthesis.agents import checker
+from synthesis.agents.tester import Probing
+from synthesis.build.assembly import replace_method
 from synthesis.errors import AnswerRejected, ParseError
-from synthesis.prompts import render, shown
-from synthesis.sources import MethodSource, parse_method, refuse_outside_state
-from synthesis.tester import Probing
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render, shown
+from synthesis.parsing.answers import EnvTexts, parse_env_texts
+from synthesis.parsing.sources import MethodSource, parse_method, refuse_outside_state
+from synthesis.run.context import Context
+from synthesis.stages import states
 
 
 def rebuilt(env: Environment, name: str, method: MethodSource | None) -> Environment:

@@ -27,10 +27,10 @@ from service.catalog.folders import write_package
 from service.catalog.manifest import lock
 from service.catalog.model import CatalogError, Scenario
 from service.engine.validate import validate_catalog
-from synthesis import dedup
-from synthesis.context import Context
-from synthesis.report import KEPT, StageReport
-from synthesis.skeleton import environment
+from synthesis.run.context import Context
+from synthesis.run.report import KEPT, StageReport
+from synthesis.stages import dedup
+from synthesis.stages.skeleton import environment
 
 STAGE = "publish"
 

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from synthesis.usage import Ledger, Usage
+from synthesis.llm.usage import Ledger, Usage
 
 KEPT, DROPPED, FAILED = "kept", "dropped", "failed"
 

@@ -6,12 +6,20 @@ import asyncio
 from dataclasses import dataclass, replace
 
 from service.catalog.model import CheckItem, Environment, Scenario, ToolCall
-from synthesis import replay
-from synthesis.answers import Call, ChecklistItem, InitState, TaskSpec, parse_checklist, parse_solution, parse_task
-from synthesis.context import Context
-from synthesis.dialogue import ask
-from synthesis.prompts import render, shown
-from synthesis.sources import parse_check_func
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render, shown
+from synthesis.parsing.answers import (
+    Call,
+    ChecklistItem,
+    InitState,
+    TaskSpec,
+    parse_checklist,
+    parse_solution,
+    parse_task,
+)
+from synthesis.parsing.sources import parse_check_func
+from synthesis.run.context import Context
+from synthesis.stages import replay
 
 
 @dataclass(frozen=True)

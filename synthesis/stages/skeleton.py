@@ -9,15 +9,15 @@ from sandbox.errors import RequestFailed
 from service.catalog.admission import build_environment
 from service.catalog.model import CatalogError, Environment
 from service.catalog.registry import env_code
-from synthesis import dedup
-from synthesis.answers import Operation, parse_operation_plan, parse_state_plan
-from synthesis.assembly import assemble
-from synthesis.context import Context
-from synthesis.dialogue import ask
+from synthesis.build.assembly import assemble
 from synthesis.errors import AnswerRejected, ConfigError, Dropped
-from synthesis.prompts import render
-from synthesis.report import KEPT, StageReport
-from synthesis.sources import MethodSource, parse_class_code, parse_method, refuse_outside_state
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render
+from synthesis.parsing.answers import Operation, parse_operation_plan, parse_state_plan
+from synthesis.parsing.sources import MethodSource, parse_class_code, parse_method, refuse_outside_state
+from synthesis.run.context import Context
+from synthesis.run.report import KEPT, StageReport
+from synthesis.stages import dedup
 
 STAGE = "skeletons"
 

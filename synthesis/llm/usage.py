@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from synthesis.config import Prices, Role
+from synthesis.run.config import Prices, Role
 
 
 @dataclass

@@ -18,7 +18,7 @@ from jsonschema.exceptions import best_match
 from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
-from synthesis.answers import Call
+from synthesis.parsing.answers import Call
 
 
 @dataclass(frozen=True)

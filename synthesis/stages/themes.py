@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from synthesis.answers import parse_theme
-from synthesis.context import Context
-from synthesis.dialogue import ask
 from synthesis.errors import ConfigError, Dropped
-from synthesis.prompts import render
-from synthesis.report import KEPT, StageReport
+from synthesis.llm.dialogue import ask
+from synthesis.llm.prompts import render
+from synthesis.parsing.answers import parse_theme
+from synthesis.run.context import Context
+from synthesis.run.report import KEPT, StageReport
 
 STAGE = "themes"
 ID_KEYS = ("task_id", "id")

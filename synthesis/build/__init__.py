@@ -1,0 +1,1 @@
+"""Putting generated parts together: the environment class, scenario drafts, and static checks of initial states."""
