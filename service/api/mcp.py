@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from sandbox.wire.answers import ToolError
 from service.api import calls
 from service.api.auth import Principal
 from service.api.broadcast import between_replicas
@@ -345,14 +346,14 @@ async def _call_service_tool(ctx: Any, params: types.CallToolRequestParams) -> t
     """Failures are tool results here: the agent chose the ids, so it should read why and go on."""
     tool = SERVICE_TOOLS.get(params.name)
     if tool is None:
-        return _failure("unknown_tool", f"unknown tool '{params.name}'; available tools: {', '.join(SERVICE_TOOLS)}")
+        return _failure(ToolError.UNKNOWN_TOOL, f"unknown tool '{params.name}'; available tools: {', '.join(SERVICE_TOOLS)}")
     arguments = params.arguments or {}
     try:
         wrong = _CHECKERS[params.name].problem(arguments)
     except ArgumentLimit as exc:
         wrong = str(exc)
     if wrong is not None:
-        return _failure("invalid_arguments", f"{params.name}: {wrong}")
+        return _failure(ToolError.INVALID_ARGUMENTS, f"{params.name}: {wrong}")
     try:
         answer = await tool[2](_engine(ctx), arguments, _tenant(ctx))
     except ServiceError as exc:

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox.wire.answers import ToolError
 from service.api import calls
 from service.api.schemas import MAX_SEED
 from service.catalog.model import Environment, Scenario
@@ -44,9 +45,9 @@ from service.errors import InvalidRequest, NotFound, QuotaExceeded, ServiceError
 from service.stores.store import Snapshot
 
 # OpenEnv's ToolError.error_type for each of our tool error types.
-TOOL_ERROR_TYPES = {"unknown_tool": "tool_not_found", "invalid_arguments": "invalid_args", "timeout": "timeout",
-                    "tool_exception": "execution_error", "resource_limit": "execution_error",
-                    "sandbox_error": "execution_error"}
+TOOL_ERROR_TYPES = {ToolError.UNKNOWN_TOOL: "tool_not_found", ToolError.INVALID_ARGUMENTS: "invalid_args",
+                    ToolError.TIMEOUT: "timeout", ToolError.TOOL_EXCEPTION: "execution_error",
+                    ToolError.RESOURCE_LIMIT: "execution_error", ToolError.SANDBOX_ERROR: "execution_error"}
 RESET_FIELDS = frozenset({"scenario_id", "seed", "mode", "episode_id", "init_config", "idle_ttl_seconds"})
 MODES = ("task", "conversation")
 def mcp_tools(env: Environment, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

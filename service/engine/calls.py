@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.pool.calls import CallOutcome, Stored
 from sandbox.state.view import no_diff
+from sandbox.wire.answers import ToolError
 from service.catalog.arguments import ArgumentChecker, ArgumentLimit
 from service.catalog.model import Environment
 from service.catalog.registry import env_code
@@ -193,21 +194,21 @@ class Calls:
             try:
                 arguments = json.loads(raw) if raw.strip() else {}
             except json.JSONDecodeError as exc:
-                return raw, _failed("invalid_arguments", f"arguments are not valid JSON: {exc}")
+                return raw, _failed(ToolError.INVALID_ARGUMENTS, f"arguments are not valid JSON: {exc}")
         else:
             arguments = raw
         if not isinstance(arguments, dict):
-            return arguments, _failed("invalid_arguments", "arguments must be a JSON object")
+            return arguments, _failed(ToolError.INVALID_ARGUMENTS, "arguments must be a JSON object")
         tool = env.tool(name)
         if tool is None:
             names = ", ".join(sorted(env.tool_names))
-            return arguments, _failed("unknown_tool", f"unknown tool '{name}'; available tools: {names}")
+            return arguments, _failed(ToolError.UNKNOWN_TOOL, f"unknown tool '{name}'; available tools: {names}")
         withheld = await engine.turns.unavailable(snap, env, name)  # a tool that arrives in a later turn
         if withheld is not None:
-            return arguments, _failed("unknown_tool", withheld)
+            return arguments, _failed(ToolError.UNKNOWN_TOOL, withheld)
         problem = self._check_arguments(env, tool, arguments)
         if problem:
-            return arguments, _failed("invalid_arguments", f"{name}: {problem}")
+            return arguments, _failed(ToolError.INVALID_ARGUMENTS, f"{name}: {problem}")
         session_id = snap.meta.session_id
 
         async def stored_state() -> Stored:

@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
+from sandbox.wire.answers import ToolError
 from service.engine import rewind
 from service.errors import (
     Conflict,
@@ -90,7 +91,7 @@ def init_failure(exc: SandboxError) -> ServiceError:
     """An environment that could not be started: its own fault (its code, this init_config) or the sandbox's."""
     if not isinstance(exc, RequestFailed):
         return Unavailable(exc.message)
-    if exc.kind == "sandbox_error":
+    if exc.kind == ToolError.SANDBOX_ERROR:
         return Unavailable(f"the sandbox failed: {exc.message}")
     if exc.kind in LOAD_FAILURES:
         return InvalidEnvironment(f"the environment's code failed to load: {exc.message}", reason=exc.kind)

@@ -23,10 +23,11 @@ from typing import Any
 from sandbox.errors import SandboxError
 from sandbox.pool.calls import CallOutcome, EnvCode
 from sandbox.pool.requests import WorkerPool
+from sandbox.wire.answers import ToolError
 
 # Error types of a replayed call that the sandbox answers, not the environment: a call that did
 # not fail so the first time failed now for want of a worker, a process or memory.
-SANDBOX_FAILURES = frozenset({"sandbox_error", "resource_limit"})
+SANDBOX_FAILURES = frozenset({ToolError.SANDBOX_ERROR, ToolError.RESOURCE_LIMIT})
 SHOWN = 200  # characters of a result or diff a refusal quotes
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sandbox.errors import SandboxError
 from sandbox.pool.requests import WorkerPool
+from sandbox.wire.answers import ToolError
 from service.catalog import rebuilds
 from service.catalog.collection import Catalog
 from service.catalog.model import CatalogError, Scenario
@@ -51,7 +52,7 @@ async def validate_catalog(folders: list[Path], pool: WorkerPool, packages: Pack
         try:
             failure = await pool.validate(env_code(env))
         except SandboxError as exc:
-            failure = {"kind": getattr(exc, "kind", "sandbox_error"), "message": exc.message}
+            failure = {"kind": getattr(exc, "kind", ToolError.SANDBOX_ERROR), "message": exc.message}
         if failure:
             report.problems.append(f"{env.env_id}: {failure['kind']}: {failure['message']}")
     for scenario in sorted(catalog.scenarios.values(), key=lambda s: s.scenario_id):
