@@ -33,6 +33,14 @@ class CallOutcome:
     rebase: bool = False  # ``state`` is to be the session's new base (its delta had grown)
 
 
+@dataclass(frozen=True)
+class NeedState:
+    """A session call that needs the session's stored state: no process holds it live at the step."""
+
+
+NEED_STATE_ANSWER = NeedState()
+
+
 @dataclass
 class Stored:
     """A session's stored state, and its delta when it is kept as a base plus a delta."""

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox import lane
 from sandbox.errors import RequestFailed, WorkerLost
-from sandbox.pool.calls import CallOutcome, EnvCode, Stored, outcome, randomness
+from sandbox.pool.calls import NEED_STATE_ANSWER, CallOutcome, EnvCode, NeedState, Stored, outcome, randomness
 from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Worker
 from sandbox.pool.workers import WITH_CONFIG, Workers
 from sandbox.wire import answers, frames
@@ -115,38 +114,49 @@ class WorkerPool(Workers):
         """Run one tool call. Tool-level failures come back as an outcome, not an exception."""
         return await self._call(env, self._call_message(env, name, arguments, False), state, None)
 
-    async def session_call(self, env: EnvCode, session: str, step: int,
-                           load_state: Callable[[], Awaitable[str | Stored]], name: str, arguments: dict[str, Any],
-                           *, deltas: bool = False, stream: str | None = None, seed: int | None = None) -> CallOutcome:
+    async def session_call(self, env: EnvCode, session: str, step: int, name: str, arguments: dict[str, Any],
+                           state: str | Stored | None = None, *, deltas: bool = False, stream: str | None = None,
+                           seed: int | None = None) -> CallOutcome | NeedState:
         """A call on ``session`` at ``step``: straight to its process when this service holds it at
         that step (see ``sandbox.lane``), else on the worker holding it live at that step if there
-        is one (the state is then never read), else with the stored state from ``load_state``. The
-        caller must ``forget`` the session if the step the call makes is not committed. With
-        ``deltas`` the caller stores a changed tree state as a base plus a delta: the outcome may
-        carry the ``delta`` instead of the state. ``stream`` and ``seed``: the session's randomness,
-        for a rebuild (see ``sandbox.worker.randomness``)."""
+        is one, else with ``state``, the stored state. Without ``state`` and with no live process to
+        serve the call, the answer is ``NEED_STATE``: read the stored state and call again with it
+        (a live session's call never reads it). The caller must ``forget`` the session if the step
+        the call makes is not committed. With ``deltas`` the caller stores a changed tree state as
+        a base plus a delta: the outcome may carry the ``delta`` instead of the state. ``stream``
+        and ``seed``: the session's randomness, for a rebuild (see ``sandbox.worker.randomness``)."""
         message = self._call_message(env, name, arguments, deltas, stream, seed)
         if self.limits.rebuild_every_call:
-            return await self._rebuilt_call(message, env, await load_state())
-        home = self._homes.get(session)
-        held = self._lanes.get(session)
-        if home is not None and home[1] == step and held is not None:
-            outcome = await self._on_lane(session, step, home[0], held, message)
-            if outcome is not None:
-                self.live_calls += 1
-                self.lane_calls += 1
-                return outcome
-            home = None  # its process is gone: the stored state rebuilds it
-        state = None if home is not None and home[1] == step else await load_state()
-        outcome = await self._call(env, message, state, (session, step, home[0] if home else None))
-        if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
-            state = await load_state()
-            outcome = await self._call(env, self._call_message(env, name, arguments, deltas, stream, seed), state,
-                                       (session, step, None))
+            return NEED_STATE_ANSWER if state is None else await self._rebuilt_call(message, env, state)
         if state is None:
+            home = self._homes.get(session)
+            held = self._lanes.get(session)
+            if home is not None and home[1] == step and held is not None:
+                outcome = await self._on_lane(session, step, home[0], held, message)
+                if outcome is not None:
+                    self.live_calls += 1
+                    self.lane_calls += 1
+                    return outcome
+                home = None  # its process is gone: the stored state rebuilds it
+            if home is None or home[1] != step:
+                return NEED_STATE_ANSWER
+            outcome = await self._call(env, message, None, (session, step, home[0]))
+            if outcome.error is not None and outcome.error.get("type") == NEED_STATE:
+                return NEED_STATE_ANSWER
             self.live_calls += 1
-        else:
-            self.rebuilt_calls += 1
+            return outcome
+        outcome = await self._call(env, message, state, (session, step, None))
+        self.rebuilt_calls += 1
+        return outcome
+
+    async def held_call(self, env: EnvCode, session: str, step: int, name: str, arguments: dict[str, Any],
+                        state: str | Stored, **options: Any) -> CallOutcome:
+        """``session_call`` for a caller that holds the stored state already: the session's live
+        process serves the call if there is one, else ``state`` rebuilds it."""
+        outcome = await self.session_call(env, session, step, name, arguments, **options)
+        if isinstance(outcome, NeedState):
+            outcome = await self.session_call(env, session, step, name, arguments, state, **options)
+        assert isinstance(outcome, CallOutcome)  # (a call given the state never needs it)
         return outcome
 
     async def _rebuilt_call(self, message: frames.Call, env: EnvCode, state: str | Stored) -> CallOutcome:

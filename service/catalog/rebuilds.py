@@ -44,12 +44,8 @@ async def live_run(pool: WorkerPool, env: Environment, scenario: Scenario) -> Ru
     answers = []
     try:
         for step, call in enumerate(scenario.reference_solution or []):
-            current = state
-
-            async def stored(current: str = current) -> str:
-                return current  # (read only when the worker no longer holds the session)
-
-            outcome = await pool.session_call(code, session, step, stored, call.name, call.arguments)
+            # (the state is used only when the worker no longer holds the session)
+            outcome = await pool.held_call(code, session, step, call.name, call.arguments, state)
             answers.append(_answer(outcome))
             state = outcome.state if outcome.state is not None else state
     finally:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sandbox.pool.calls import CallOutcome, Stored
+from sandbox.pool.calls import CallOutcome, NeedState, Stored
 from sandbox.state.view import no_diff
 from sandbox.wire.answers import ToolError
 from service.catalog.arguments import ArgumentChecker, ArgumentLimit
@@ -223,8 +223,13 @@ class Calls:
                                             scenario.init_config)
             return Stored(*found, template=template, init_config=scenario.init_config, base=snap.state_digest)
 
-        return arguments, await engine.pool.session_call(env_code(env), session_id, snap.meta.step, stored_state,
-                                                         name, arguments, deltas=True, **randomness(snap.meta))
+        code, step, chance = env_code(env), snap.meta.step, randomness(snap.meta)
+        outcome = await engine.pool.session_call(code, session_id, step, name, arguments, deltas=True, **chance)
+        if isinstance(outcome, NeedState):  # no process holds the session live: rebuild it from the store
+            outcome = await engine.pool.session_call(code, session_id, step, name, arguments, await stored_state(),
+                                                     deltas=True, **chance)
+        assert not isinstance(outcome, NeedState)  # (a call given the state never needs it)
+        return arguments, outcome
 
     def _check_arguments(self, env: Environment, tool: dict[str, Any], arguments: dict[str, Any]) -> str | None:
         """Raises LimitExceeded: arguments over a bound (nothing is applied)."""

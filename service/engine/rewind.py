@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandbox.errors import SandboxError
@@ -78,8 +77,8 @@ async def state_at(pool: WorkerPool, env: EnvCode, initial: str, records: list[s
                 raise NotReplayable(int(record["step"]), "kept no arguments to run it again (they were too large)")
             step = int(record["step"])
             try:
-                outcome = await pool.session_call(env, replay, version, _constant(state), str(record["name"]),
-                                                  arguments, stream=stream, seed=seed)
+                outcome = await pool.held_call(env, replay, version, str(record["name"]), arguments, state,
+                                               stream=stream, seed=seed)
             except SandboxError as exc:
                 raise SandboxFailed(step, exc.message) from exc
             version += 1
@@ -94,13 +93,6 @@ async def state_at(pool: WorkerPool, env: EnvCode, initial: str, records: list[s
         return state
     finally:
         pool.end_session(replay)
-
-
-def _constant(state: str) -> Callable[[], Awaitable[str]]:
-    async def load() -> str:
-        return state
-
-    return load
 
 
 def _cut(value: Any) -> bool:

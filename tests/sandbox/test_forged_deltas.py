@@ -9,6 +9,7 @@ import pytest
 
 from sandbox.pool.calls import EnvCode, Stored
 from sandbox.state.deltas import Base, compose
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +64,7 @@ class Session:
         return self.stored
 
     async def call(self, name: str, **arguments: Any) -> Any:
-        outcome = await self.pool.session_call(FORGE, self.sid, self.step, self.load, name, arguments, deltas=True)
+        outcome = await session_call(self.pool, FORGE, self.sid, self.step, self.load, name, arguments, deltas=True)
         if outcome.ok:
             self.step += 1
         return outcome

@@ -14,6 +14,7 @@ import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -37,9 +38,9 @@ async def _play(pool: WorkerPool, states: dict[str, str], session: str, step: in
     async def stored() -> str:
         return states[session]
 
-    read = await pool.session_call(ENV, session, step, stored, "read", {"key": "r00007"})
+    read = await session_call(pool, ENV, session, step, stored, "read", {"key": "r00007"})
     assert read.ok, read.error
-    wrote = await pool.session_call(ENV, session, step + 1, stored, "write", {"key": "r00008", "n": step})
+    wrote = await session_call(pool, ENV, session, step + 1, stored, "write", {"key": "r00008", "n": step})
     assert wrote.ok, wrote.error
     assert wrote.state is not None
     states[session] = wrote.state

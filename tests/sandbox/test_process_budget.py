@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sandbox.pool.calls import EnvCode
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +39,7 @@ async def test_one_worker_serves_32_environments_with_templates_and_live_session
                 async def stored(state: str = state) -> str:
                     return state
 
-                outcome = await pool.session_call(env, session, 0, stored, "bump", {})
+                outcome = await session_call(pool, env, session, 0, stored, "bump", {})
                 assert outcome.ok, outcome.error
                 assert outcome.result == n + 1
         assert pool.replaced == 0

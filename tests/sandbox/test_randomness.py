@@ -19,6 +19,7 @@ import pytest
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
 from sandbox.worker.randomness import HIDDEN
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -91,7 +92,7 @@ class Session:
         async def stored() -> str:
             return self.state
 
-        outcome = await self.pool.session_call(self.env, self.sid, self.step, stored, name, {},
+        outcome = await session_call(self.pool, self.env, self.sid, self.step, stored, name, {},
                                                stream=self.stream, seed=self.seed)
         assert outcome.ok, outcome.error
         assert all(not entry["path"].startswith(f"/{HIDDEN}") for kind in ("added", "removed", "changed")
@@ -195,7 +196,7 @@ async def test_an_attribute_named_as_the_stored_randomness_fails_its_call_and_ch
         pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         session = await Session(pool, RESERVED, "a", "a").start()
-        outcome = await pool.session_call(RESERVED, "a", 0, _stored(session), "shadow", {}, stream="a")
+        outcome = await session_call(pool, RESERVED, "a", 0, _stored(session), "shadow", {}, stream="a")
         assert not outcome.ok and outcome.error is not None and HIDDEN in outcome.error["message"]
         assert "reserved" in outcome.error["message"]
         assert await session.call("bump") == 1  # the failed call's write was rolled back with it

@@ -19,6 +19,7 @@ from sandbox.pool.requests import WorkerPool
 from sandbox.state import view
 from sandbox.state.deltas import Base, compose
 from sandbox.worker.resident import instantiate, public_state
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -265,7 +266,7 @@ class _Session:
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         if self.forget:
             self.pool.forget("s-rebuilt")
-        out = await self.pool.session_call(self.env, "s-rebuilt", self.step, self.load, name, arguments,
+        out = await session_call(self.pool, self.env, "s-rebuilt", self.step, self.load, name, arguments,
                                            deltas=True)
         assert out.ok, out.error
         self.step += 1

@@ -14,6 +14,7 @@ import pytest
 from sandbox.pool.requests import WorkerPool
 from sandbox.state import encoder, view
 from sandbox.state.parts import Parts, shares
+from tests.sandbox.calls import session_call
 from tests.sandbox.test_contract import PROBE, _descendants, _worker_pid
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +31,7 @@ class Stored:
         return self.state
 
     async def call(self, pool: WorkerPool, session: str, name: str, **arguments: Any) -> Any:
-        out = await pool.session_call(PROBE, session, self.step, self.load, name, arguments)
+        out = await session_call(pool, PROBE, session, self.step, self.load, name, arguments)
         self.step += 1
         if out.state is not None:
             self.state = out.state
@@ -78,7 +79,7 @@ async def test_an_uncommitted_step_is_forgotten(pool_factory: Any) -> None:
     """The caller could not store the step a call made: the live instance, which made it, must go."""
     async with pool_factory(size=1) as pool:
         stored = await _session(pool, "s1")
-        lost = await pool.session_call(PROBE, "s1", 0, stored.load, "increment", {"by": 7})
+        lost = await session_call(pool, PROBE, "s1", 0, stored.load, "increment", {"by": 7})
         assert lost.ok
         pool.forget("s1")
         out = await stored.call(pool, "s1", "get_counter")

@@ -18,6 +18,7 @@ import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -237,7 +238,7 @@ class Live:
         async def stored_state() -> str:
             raise AssertionError("the session should still be live in its worker")
 
-        outcome = await self.pool.session_call(self.env, self.session, self.step, stored_state, name, arguments)
+        outcome = await session_call(self.pool, self.env, self.session, self.step, stored_state, name, arguments)
         assert outcome.ok, outcome.error
         self.step += 1
         return outcome.result

@@ -18,6 +18,7 @@ import pytest
 from sandbox.pool.calls import EnvCode, Stored
 from sandbox.pool.requests import WorkerPool
 from sandbox.state.deltas import Base, compose
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -72,7 +73,7 @@ class Live:
         async def stored() -> str:
             return self.state
 
-        outcome = await self.pool.session_call(SHOP, self.session, self.step, stored, name, arguments)
+        outcome = await session_call(self.pool, SHOP, self.session, self.step, stored, name, arguments)
         assert outcome.ok, outcome.error
         self.step += 1
         if outcome.state is not None:
@@ -151,7 +152,7 @@ async def test_a_cold_session_rebuilt_from_its_template_and_delta_is_exactly_its
                 return Stored(compose(Base(base), fields), dict(fields), template="t-cold", init_config=config,
                               base=digest)
 
-            outcome = await pool.session_call(SHOP, "s", step, stored, name, arguments, deltas=True)
+            outcome = await session_call(pool, SHOP, "s", step, stored, name, arguments, deltas=True)
             assert outcome.ok, outcome.error
             assert outcome.state is None or outcome.delta is not None or outcome.rebase is False
             if outcome.delta is not None:

@@ -11,6 +11,7 @@ import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +123,7 @@ class Session:
         async def stored() -> str:
             return self.state
 
-        outcome = await self.pool.session_call(TENANT, self.name, self.step, stored, tool, arguments)
+        outcome = await session_call(self.pool, TENANT, self.name, self.step, stored, tool, arguments)
         if outcome.ok:
             self.step += 1
             if outcome.state is not None:
