@@ -60,19 +60,19 @@ class Calls:
     async def call(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, *,
                    key: str | None = None, tenant: str = "") -> Applied:
         engine = self.engine
-        print_ = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments}) if key else ""
+        fingerprint = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments}) if key else ""
         async with failures.step_failures(), self._turns.hold(session_id, engine.lock_wait):
             warm = self._warm.get(session_id)
             if warm is not None and warm.meta.tenant == tenant and engine.pool.lends(session_id, warm.meta.step):
                 # No lock and no read: one round trip to the store, the commit, which refuses if
                 # the session moved on, another caller holds its lock, or ``key`` was used.
-                applied = await self._step(warm, name, raw_arguments, key, print_, None)
+                applied = await self._step(warm, name, raw_arguments, key, fingerprint, None)
                 if applied is not None:
                     return applied
-            return await self._locked(session_id, name, raw_arguments, key, print_, tenant)
+            return await self._locked(session_id, name, raw_arguments, key, fingerprint, tenant)
 
     async def _locked(self, session_id: str, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
-                      print_: str, tenant: str) -> Applied:
+                      fingerprint: str, tenant: str) -> Applied:
         """A call under the store's lock on the session, which ``begin`` takes with the meta."""
         engine = self.engine
         lease = engine.pool.longest_request + LEASE_SLACK
@@ -80,15 +80,15 @@ class Calls:
         # worker holds the session live at this step; the commit releases the lock.
         async with engine.store.begin(session_id, engine.lock_wait, lease) as held:
             snap = visible(held.snap, session_id, tenant)
-            replay = await self.replay(session_id, key, print_)
+            replay = await self.replay(session_id, key, fingerprint)
             if replay is not None:
                 return replay
-            applied = await self._step(snap, name, raw_arguments, key, print_, held)
+            applied = await self._step(snap, name, raw_arguments, key, fingerprint, held)
         assert applied is not None  # (under the lock a refused commit raises)
         return applied
 
     async def _step(self, snap: Snapshot, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
-                    print_: str, held: Held | None) -> Applied | None:
+                    fingerprint: str, held: Held | None) -> Applied | None:
         """Run the call on ``snap``'s session and commit its step: under the store's lock (``held``),
         or without it, on a session this replica committed last and whose process the pool calls
         straight. None when a commit without the lock was refused: nothing is applied, and the
@@ -102,7 +102,7 @@ class Calls:
             async with engine.sandbox_slot(snap.meta.tenant):
                 arguments, outcome = await self._run(env, snap, name, raw_arguments)
             record = steps.call_step(snap.meta.step + 1, name, arguments, outcome)
-            digest = await self.commit(snap, outcome.state, record, key=key, print_=print_, held=held,
+            digest = await self.commit(snap, outcome.state, record, key=key, fingerprint=fingerprint, held=held,
                                        delta=outcome.delta, rebase=outcome.rebase, unlocked=held is None)
         except BaseException:
             self._drop_live(session_id)
@@ -146,7 +146,7 @@ class Calls:
             raise LimitExceeded(f"the session has reached {max_steps} steps, its limit; fork or start a "
                                 "new session", limit="max_steps", value=max_steps)
 
-    async def replay(self, session_id: str, key: str | None, print_: str) -> Applied | None:
+    async def replay(self, session_id: str, key: str | None, fingerprint: str) -> Applied | None:
         """The step an earlier request with the idempotency ``key`` committed, if one did."""
         if key is None:
             return None
@@ -155,14 +155,14 @@ class Calls:
         if prior is None:
             return None
         stored = json.loads(prior)
-        idempotency.check_same(stored["fingerprint"], print_, key)
+        idempotency.check_same(stored["fingerprint"], fingerprint, key)
         page = await engine.stored(engine.store.trajectory_page(session_id, stored["step"] - 1, 1))
         if not page or not page[0]:
             raise NotFound(f"session '{session_id}' no longer holds the step of this Idempotency-Key")
         return Applied(steps.public(json.loads(page[0][0])), replayed=True)
 
     async def commit(self, snap: Snapshot, state: str | None, record: dict[str, Any], *, key: str | None,
-                     print_: str, done: bool = False, held: Held | None = None,
+                     fingerprint: str, done: bool = False, held: Held | None = None,
                      delta: dict[str, Any] | None = None, rebase: bool = False, unlocked: bool = False) -> str | None:
         """Commit a step; a changed tree state comes as the ``delta`` of its parts, or as a whole
         state to ``rebase`` on (stored as a content-addressed base, see ``sandbox.state.deltas``). The
@@ -170,13 +170,13 @@ class Calls:
         when an ``unlocked`` commit was refused (see ``SessionStore.commit``)."""
         engine = self.engine
         session_id = snap.meta.session_id
-        remembered = (key, json.dumps({"fingerprint": print_, "step": record["step"]})) if key else None
+        remembered = (key, json.dumps({"fingerprint": fingerprint, "step": record["step"]})) if key else None
         # (hashlib lets go of the GIL: a large state is hashed on a thread beside the event loop)
         digest = await asyncio.to_thread(digest_of, state) if rebase and state is not None else ""
         stored = steps.encoded(record, engine.limits.max_record_bytes)
         committed = await engine.stored(failures.within_quota(engine.store.commit(
             session_id, snap.meta.step, state, stored, done=done, idempotency=remembered, tenant=snap.meta.tenant,
-            held=held, quota=engine.limits.max_tenant_bytes, delta=delta, rebase=digest, unlocked=unlocked)))
+            held=held, quota=engine.limits.max_tenant_bytes, delta=delta, new_base=digest, unlocked=unlocked)))
         if not committed and unlocked:
             return None
         if not committed:

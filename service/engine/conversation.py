@@ -44,14 +44,14 @@ class Conversation:
     async def message(self, session_id: str, content: str, *, key: str | None = None, tenant: str = "") -> Applied:
         engine = self.engine
         engine.calls.forget_warm(session_id)
-        print_ = idempotency.fingerprint("message", {"content": content})
+        fingerprint = idempotency.fingerprint("message", {"content": content})
         lease = self.user_timeout + LEASE_SLACK
         async with failures.step_failures(), engine.store.lock(session_id, engine.lock_wait, lease):
             snap = await engine.snapshot(session_id, trajectory=True, tenant=tenant)
             if snap.meta.mode != "conversation":
                 raise NotConversation(f"session '{session_id}' is in task mode; create it with "
                                       "mode 'conversation' to talk to a simulated user")
-            replay = await engine.calls.replay(session_id, key, print_)
+            replay = await engine.calls.replay(session_id, key, fingerprint)
             if replay is not None:
                 return replay
             if snap.meta.done:
@@ -66,5 +66,5 @@ class Conversation:
             except UserEndpointFailed as exc:
                 raise UserLLMFailed(f"{exc}; the session is unchanged, retry the message") from exc
             record = steps.message_step(snap.meta.step + 1, content, reply.text, reply.done)
-            await engine.calls.commit(snap, None, record, key=key, print_=print_, done=reply.done)
+            await engine.calls.commit(snap, None, record, key=key, fingerprint=fingerprint, done=reply.done)
         return Applied(record)

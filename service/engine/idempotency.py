@@ -33,7 +33,7 @@ def check_same(stored_fingerprint: str, current: str, key: str) -> None:
                                    field=HEADER)
 
 
-async def once(store: SessionStore, scope: str, key: str, print_: str, lease: float,
+async def once(store: SessionStore, scope: str, key: str, fingerprint: str, lease: float,
                run: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[dict[str, Any], bool]:
     """Run ``run`` once per (scope, key); return its answer and whether it was replayed.
 
@@ -42,10 +42,10 @@ async def once(store: SessionStore, scope: str, key: str, print_: str, lease: fl
         SessionBusy: the first request with this key is still running.
     """
     name = f"{scope}:{key}"
-    claimed = await store.claim_request(name, json.dumps({"fingerprint": print_}), lease)
+    claimed = await store.claim_request(name, json.dumps({"fingerprint": fingerprint}), lease)
     if claimed is not None:
         prior = json.loads(claimed) if claimed else {}
-        check_same(prior.get("fingerprint", ""), print_, key)
+        check_same(prior.get("fingerprint", ""), fingerprint, key)
         if "answer" not in prior:
             raise SessionBusy(f"a request with Idempotency-Key '{key}' is still running; retry it later")
         return prior["answer"], True
@@ -54,5 +54,5 @@ async def once(store: SessionStore, scope: str, key: str, print_: str, lease: fl
     except BaseException:
         await store.release_request(name)
         raise
-    await store.finish_request(name, json.dumps({"fingerprint": print_, "answer": answer}))
+    await store.finish_request(name, json.dumps({"fingerprint": fingerprint, "answer": answer}))
     return answer, False

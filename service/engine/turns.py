@@ -205,7 +205,7 @@ class Turns:
         """
         engine = self.engine
         engine.calls.forget_warm(session_id)
-        print_ = idempotency.fingerprint("turn", {"content": content})
+        fingerprint = idempotency.fingerprint("turn", {"content": content})
         lease = engine.limits.score_budget + LOCK_SLACK
         async with engine.writing(), failures.step_failures(), engine.store.lock(session_id, engine.lock_wait, lease):
             snap = await engine.snapshot(session_id, trajectory=True, tenant=tenant)
@@ -213,7 +213,7 @@ class Turns:
             scenario = await self.scenario(snap)
             if scenario is None:
                 raise not_turn_based(session_id)
-            replay = await engine.calls.replay(session_id, key, print_)
+            replay = await engine.calls.replay(session_id, key, fingerprint)
             if replay is not None:
                 return self._answer(replay.record, env, scenario), True
             records = [json.loads(text) for text in snap.trajectory]
@@ -227,7 +227,7 @@ class Turns:
             done = turn + 1 == len(scenario.turns)
             record = {"step": snap.meta.step + 1, "kind": TURN, "turn": turn, "content": content,
                       "checks": checks, "done": done}
-            await engine.calls.commit(snap, None, record, key=key, print_=print_, done=done)
+            await engine.calls.commit(snap, None, record, key=key, fingerprint=fingerprint, done=done)
         answer = self._answer(record, env, scenario)
         if answer["new_tools"]:
             for tell in self.tools_changed:

@@ -241,7 +241,7 @@ class MemoryStore:
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "", unlocked: bool = False) -> bool:
+                     new_base: str = "", unlocked: bool = False) -> bool:
         entry = self._entry(session_id)
         if tenant is not None and session_id in self._live.get(tenant, {}):
             self._live[tenant][session_id] = entry.expires_at if entry is not None else time.time() + self.ttl
@@ -265,8 +265,8 @@ class MemoryStore:
             self._release(entry.state_base)
             entry.state_base, entry.fields, entry.delta_bytes = None, {}, 0
             entry.state = state
-            if rebase:
-                entry.state_base, entry.state = self._use((entry.meta.tenant, rebase), state), None
+            if new_base:
+                entry.state_base, entry.state = self._use((entry.meta.tenant, new_base), state), None
         elif delta is not None:
             for name in delta["unset"]:
                 entry.fields.pop(name, None)

@@ -229,7 +229,7 @@ class SessionStore(Protocol):
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "", unlocked: bool = False) -> bool:
+                     new_base: str = "", unlocked: bool = False) -> bool:
         """Append ``record``, advance the step and replace the state (unless None), atomically,
         only if the session exists and is still at ``expected_step``. ``done`` marks the
         conversation ended; ``idempotency`` (key, value) is remembered with the step, so a retry
@@ -240,7 +240,7 @@ class SessionStore(Protocol):
 
         With ``delta`` (``{"set": {field: value}, "unset": [field]}``, checked by the caller with
         ``sandbox.state.deltas.problem``) and no ``state``, the step changes those fields of the state's
-        delta; refused (False) when the session's state is not a base plus a delta. With ``rebase``
+        delta; refused (False) when the session's state is not a base plus a delta. With ``new_base``
         (``digest_of(state)``), ``state`` becomes the session's base and its delta is emptied.
 
         ``unlocked``: the caller holds no lock (it knows the session's step from its own last

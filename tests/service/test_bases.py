@@ -169,7 +169,7 @@ async def test_a_delta_step_stores_only_its_parts_and_reads_back_composed(
                               delta={"set": {}, "unset": [_closed(n) for n in range(5)]}) is True
     assert await store.stored(sid) == (BIG, {})
     # a rebase makes the state a new base, shared by digest, and empties the delta
-    assert await store.commit(sid, 6, text, "r6", tenant=tenant, rebase=digest_of(text)) is True
+    assert await store.commit(sid, 6, text, "r6", tenant=tenant, new_base=digest_of(text)) is True
     assert await store.stored(sid) == (text, {})
     assert await store.commit(sid, 7, None, "r7", tenant=tenant,
                               delta={"set": {field("count"): "+1:3"}, "unset": []}) is True

@@ -33,13 +33,13 @@ class Commit:
     held: Held | None = None
     quota: int | None = None
     delta: dict[str, Any] | None = None
-    rebase: str = ""
+    new_base: str = ""
     unlocked: bool = False
 
     @property
     def mode(self) -> Mode:
         if self.state is not None:
-            return Mode.BASE if self.rebase else Mode.TEXT
+            return Mode.BASE if self.new_base else Mode.TEXT
         return Mode.DELTA if self.delta is not None else Mode.KEEP
 
     def most_added(self) -> int:

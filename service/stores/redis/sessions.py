@@ -248,7 +248,7 @@ class Sessions:
         tenant = commit.tenant
         base = ""
         if commit.mode is Mode.BASE and commit.state is not None:
-            base = self.keys.base(tenant or "", commit.rebase)
+            base = self.keys.base(tenant or "", commit.new_base)
             await self.bases.keep(base, commit.state)  # before the session names it
         expires = int((time.time() + self.ttl) * 1000)
         args = commit.argv(base=base, ttl_ms=self._ttl_ms, expires_ms=expires, base_ttl_ms=self.bases.ttl_ms,

@@ -64,10 +64,10 @@ class RedisStore:
     async def commit(self, session_id: str, expected_step: int, state: str | None, record: str, *,
                      done: bool = False, idempotency: tuple[str, str] | None = None, tenant: str | None = None,
                      held: Held | None = None, quota: int | None = None, delta: dict[str, Any] | None = None,
-                     rebase: str = "", unlocked: bool = False) -> bool:
+                     new_base: str = "", unlocked: bool = False) -> bool:
         return await self.sessions.commit(Commit(
             session_id, expected_step, state, record, done=done, idempotency=idempotency, tenant=tenant,
-            held=held, quota=quota, delta=delta, rebase=rebase, unlocked=unlocked))
+            held=held, quota=quota, delta=delta, new_base=new_base, unlocked=unlocked))
 
     def begin(self, session_id: str, wait: float, lease: float) -> AbstractAsyncContextManager[Held]:
         return self.locks.begin(session_id, wait, lease)
