@@ -1,4 +1,4 @@
-"""REST API v1 over real HTTP, against a real uvicorn server on each session store."""
+"""REST API v1, against the real app (in this process: tests/in_process.py) on each session store."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 from service.api.problems import MEDIA_TYPE
+
+pytestmark = pytest.mark.in_process
 
 
 def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
@@ -439,10 +441,9 @@ def test_unparseable_bodies_are_422(client: httpx.Client) -> None:
 
 
 def test_a_full_sandbox_answers_503_and_applies_nothing(tmp_path: Any) -> None:
-    from tests.conftest import start_server
+    from tests.in_process import start_app
 
-    server = start_server(tmp_path, workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4",
-                                                          "ENVFOUNDRY_SANDBOX_WAIT": "1"})
+    server = start_app(workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4", "ENVFOUNDRY_SANDBOX_WAIT": "1"})
     try:
         with server.client() as http:
             busy = new_session(http, env_id="probe")
@@ -485,14 +486,15 @@ def test_environment_detail_has_the_source_and_what_synthesis_recorded(client: h
 def test_a_package_provenance_is_served(tmp_path: Any) -> None:
     import shutil
 
-    from tests.conftest import BUNDLED, start_server
+    from tests.conftest import BUNDLED
+    from tests.in_process import start_app
 
     package = tmp_path / "cat" / "lib"
     shutil.copytree(BUNDLED / "library_circulation", package)
     manifest = json.loads((package / "env.json").read_text())
     manifest["provenance"] = {"assessment": {"rounds": 30, "counts": {"pass": 29, "warning": 1}, "removed": ["x"]}}
     (package / "env.json").write_text(json.dumps(manifest))
-    server = start_server(tmp_path, catalogs=(tmp_path / "cat",))
+    server = start_app(catalogs=(tmp_path / "cat",))
     try:
         with server.client() as http:
             detail = http.get("/v1/environments/library_circulation").json()
