@@ -99,8 +99,8 @@ class Server:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def client(self, timeout: float = 60.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
+    def client(self, timeout: float = 60.0, **options: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout, **options)
 
     def stop(self) -> None:
         if self.process.poll() is None:

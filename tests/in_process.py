@@ -15,8 +15,8 @@ is the app in this process, once per store.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
-import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -27,25 +27,39 @@ import httpx
 from anyio.from_thread import BlockingPortal
 from fastapi import FastAPI
 
-from service.server.app import create_app
+from service.catalog.model import Catalog
+from service.server.app import create_app, load_catalog
 from service.server.settings import Settings
-from tests.conftest import BUNDLED, FIXTURES, SANDBOX_IMAGE
-
-_numbers = itertools.count(1)
+from tests.conftest import BUNDLED, FIXTURES, SANDBOX_IMAGE, free_port
 
 
 def settings_for(*, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
                  catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), workers: int = 2) -> Settings:
     """The settings ``envfoundry serve`` builds from these flags and ``extra_env``, as ``server_command``
-    runs it: the test process's own ENVFOUNDRY_* and REDIS_URL are not read."""
+    runs it: the test process's own ENVFOUNDRY_* and REDIS_URL are not read. The port is a free one,
+    as a server's: nothing listens there, but docker sandboxes are named after it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENVFOUNDRY_") and k != "REDIS_URL"}
     env["ENVFOUNDRY_SANDBOX_IMAGE"] = SANDBOX_IMAGE
     env.update(extra_env or {})
-    flags: dict[str, Any] = {"catalogs": list(catalogs), "workers": workers}
+    flags: dict[str, Any] = {"catalogs": list(catalogs), "workers": workers, "port": free_port()}
     if redis_url:
         flags["redis_url"] = redis_url
     with mock.patch.dict(os.environ, env, clear=True):  # (Settings reads the environment once, here)
         return Settings(**flags)
+
+
+_loaded: dict[tuple[tuple[Path, int], ...], Catalog] = {}
+
+
+def catalog_for(settings: Settings) -> Catalog:
+    """What ``load_catalog(settings)`` gives (``envfoundry serve`` loads it so too, before the app), parsed
+    once per content of the folders: checking the bundled and fixture catalogs' code is half of an
+    app's start, ~1 s, and most test modules' apps serve them."""
+    key = tuple((folder, max(p.stat().st_mtime_ns for p in (folder, *folder.rglob("*"))))
+                for folder in map(Path, settings.catalogs))
+    if key not in _loaded:
+        _loaded[key] = load_catalog(settings)
+    return copy.deepcopy(_loaded[key])  # (the registry adds what tenants register to the catalog it serves)
 
 
 class _Transport(httpx.BaseTransport):
@@ -69,11 +83,11 @@ class _Transport(httpx.BaseTransport):
 
 class AppServer:
     """An app started in this process, with the interface of ``tests.conftest.Server`` that tests
-    use: ``url`` (a name only, unique per app: nothing listens there), ``client()``, ``stop()``."""
+    use: ``url`` (a name only: nothing listens there), ``client()``, ``stop()``."""
 
     def __init__(self, settings: Settings) -> None:
-        self.app = create_app(settings)
-        self.url = f"http://in-process:{next(_numbers)}"
+        self.app = create_app(settings, catalog_for(settings))
+        self.url = f"http://in-process:{settings.port}"
         self._running = contextlib.ExitStack()
         self._portal: BlockingPortal | None = None
 
