@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Redis, real sandbox workers, a real uvicorn server."""
+"""Shared fixtures: a real Redis, real sandbox workers, a real uvicorn server (or the real app in this process:
+tests/in_process.py)."""
 
 from __future__ import annotations
 

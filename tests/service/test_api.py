@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -11,8 +12,15 @@ import httpx
 import pytest
 
 from service.api.problems import MEDIA_TYPE
+from tests.conftest import per_store
+from tests.in_process import AppServer, start_app
 
-pytestmark = pytest.mark.in_process
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[AppServer]:
+    """The app in this process on each store. Checks stop after 1 s, not the default 5: the looping check
+    of test_misbehaving_checks_fail_with_reasons waits it out (as tests/test_fuzz.py's server's do)."""
+    yield from per_store(request, start_app, {"ENVFOUNDRY_CHECK_TIMEOUT": "1"})
 
 
 def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
@@ -440,9 +448,7 @@ def test_unparseable_bodies_are_422(client: httpx.Client) -> None:
     assert "checklist[0]" in body["detail"]
 
 
-def test_a_full_sandbox_answers_503_and_applies_nothing(tmp_path: Any) -> None:
-    from tests.in_process import start_app
-
+def test_a_full_sandbox_answers_503_and_applies_nothing() -> None:
     server = start_app(workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4", "ENVFOUNDRY_SANDBOX_WAIT": "1"})
     try:
         with server.client() as http:
@@ -487,7 +493,6 @@ def test_a_package_provenance_is_served(tmp_path: Any) -> None:
     import shutil
 
     from tests.conftest import BUNDLED
-    from tests.in_process import start_app
 
     package = tmp_path / "cat" / "lib"
     shutil.copytree(BUNDLED / "library_circulation", package)
