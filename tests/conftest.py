@@ -187,7 +187,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """The service once per store: a real uvicorn server on a free port, or in a module marked
     ``in_process`` the real app in this process (a ``tests.in_process.AppServer``)."""
     if request.node.get_closest_marker("in_process"):
-        from tests.in_process import start_app
+        from tests.in_process import start_app  # (it imports this module, and the whole app)
 
         yield from per_store(request, start_app)
     else:
