@@ -1,7 +1,9 @@
-"""Shared fixtures: a real Redis, real sandbox workers, a real uvicorn server."""
+"""Shared fixtures: a real Redis, real sandbox workers, a real uvicorn server (or the real app in this process:
+tests/in_process.py)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -10,10 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import pytest
@@ -22,6 +24,13 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "catalog"
 FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)  # a server: a uvicorn subprocess or the app in this process (tests.in_process)
 
 
 def free_port() -> int:
@@ -91,8 +100,8 @@ class Server:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def client(self, timeout: float = 60.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
+    def client(self, timeout: float = 60.0, **options: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout, **options)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -143,37 +152,46 @@ def start_server(tmp: Path, *, redis_url: str | None = None, extra_env: dict[str
         time.sleep(0.1)
 
 
-def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str, env: dict[str, str],
-                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES)) -> Iterator[Server]:
-    """A server reading its API keys (one hashed line each) from a file, on the store
-    ``request.param`` names ("memory" or "redis", under a key prefix of its own, dropped after)."""
-    (tmp / "keys").write_text(key_lines)
-    env = {**env, "ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys")}
+def per_store(request: pytest.FixtureRequest, start: Callable[..., S], extra_env: dict[str, str] | None = None,
+              **options: Any) -> Iterator[S]:
+    """What ``start(redis_url=, extra_env=, **options)`` serves on the store ``request.param`` names:
+    "memory", or "redis" under a key prefix of its own (its keys dropped after)."""
+    env = dict(extra_env or {})
     redis_url = None
     if request.param == "redis":
         redis_url = request.getfixturevalue("redis_url")
         env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(tmp, redis_url=redis_url, extra_env=env, catalogs=catalogs)
+    server = start(redis_url=redis_url, extra_env=env, **options)
     yield server
     server.stop()
     if redis_url:
         drop_keys(redis_url, env["ENVFOUNDRY_KEY_PREFIX"])
 
 
+def keyed_server(request: pytest.FixtureRequest, tmp: Path, key_lines: str, env: dict[str, str],
+                 catalogs: tuple[Path, ...] = (BUNDLED, FIXTURES), start: Callable[..., S] | None = None) -> Iterator[S]:
+    """A server reading its API keys (one hashed line each) from a file, on the store
+    ``request.param`` names (see ``per_store``); ``start`` is ``start_server`` in ``tmp`` unless given."""
+    (tmp / "keys").write_text(key_lines)
+    env = {**env, "ENVFOUNDRY_API_KEYS_FILE": str(tmp / "keys")}
+    yield from per_store(request, start or functools.partial(start_server, tmp), env, catalogs=catalogs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "in_process: the module's server fixture is the app in the test process "
+                            "(tests/in_process.py), not a uvicorn subprocess")
+
+
 @pytest.fixture(scope="module", params=["memory", "redis"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A real uvicorn server on a free port, once per store."""
-    tmp = tmp_path_factory.mktemp("server")
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        prefix = f"eftest-{secrets.token_hex(4)}"
-        srv = start_server(tmp, redis_url=url, extra_env={"ENVFOUNDRY_KEY_PREFIX": prefix})
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The service once per store: a real uvicorn server on a free port, or in a module marked
+    ``in_process`` the real app in this process (a ``tests.in_process.AppServer``)."""
+    if request.node.get_closest_marker("in_process"):
+        from tests.in_process import start_app  # (it imports this module, and the whole app)
+
+        yield from per_store(request, start_app)
     else:
-        srv = start_server(tmp)
-    yield srv
-    srv.stop()
-    if request.param == "redis":
-        drop_keys(url, prefix)
+        yield from per_store(request, functools.partial(start_server, tmp_path_factory.mktemp("server")))
 
 
 @pytest.fixture

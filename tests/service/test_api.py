@@ -1,9 +1,10 @@
-"""REST API v1 over real HTTP, against a real uvicorn server on each session store."""
+"""REST API v1, against the real app (in this process: tests/in_process.py) on each session store."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,6 +13,15 @@ import pytest
 import redis
 
 from service.api.problems import MEDIA_TYPE
+from tests.conftest import per_store
+from tests.in_process import AppServer, start_app
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[AppServer]:
+    """The app in this process on each store. Checks stop after 1 s, not the default 5: the looping check
+    of test_misbehaving_checks_fail_with_reasons waits it out (as tests/test_fuzz.py's server's do)."""
+    yield from per_store(request, start_app, {"ENVFOUNDRY_CHECK_TIMEOUT": "1"})
 
 
 def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
@@ -468,11 +478,8 @@ def test_unparseable_bodies_are_422(client: httpx.Client) -> None:
     assert "checklist[0]" in body["detail"]
 
 
-def test_a_full_sandbox_answers_503_and_applies_nothing(tmp_path: Any) -> None:
-    from tests.conftest import start_server
-
-    server = start_server(tmp_path, workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4",
-                                                          "ENVFOUNDRY_SANDBOX_WAIT": "1"})
+def test_a_full_sandbox_answers_503_and_applies_nothing() -> None:
+    server = start_app(workers=1, extra_env={"ENVFOUNDRY_CALL_TIMEOUT": "4", "ENVFOUNDRY_SANDBOX_WAIT": "1"})
     try:
         with server.client() as http:
             busy = new_session(http, env_id="probe")
@@ -515,14 +522,14 @@ def test_environment_detail_has_the_source_and_what_synthesis_recorded(client: h
 def test_a_package_provenance_is_served(tmp_path: Any) -> None:
     import shutil
 
-    from tests.conftest import BUNDLED, start_server
+    from tests.conftest import BUNDLED
 
     package = tmp_path / "cat" / "lib"
     shutil.copytree(BUNDLED / "library_circulation", package)
     manifest = json.loads((package / "env.json").read_text())
     manifest["provenance"] = {"assessment": {"rounds": 30, "counts": {"pass": 29, "warning": 1}, "removed": ["x"]}}
     (package / "env.json").write_text(json.dumps(manifest))
-    server = start_server(tmp_path, catalogs=(tmp_path / "cat",))
+    server = start_app(catalogs=(tmp_path / "cat",))
     try:
         with server.client() as http:
             detail = http.get("/v1/environments/library_circulation").json()

@@ -1,4 +1,4 @@
-"""API keys, scopes and tenants over real HTTP; what a tenant adds is invisible to the others."""
+"""API keys, scopes and tenants, against the real app in this process (tests/in_process.py); what a tenant adds is invisible to the others."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from service.api.auth import KeyFileError, KeyRing, digest, new_key
-from tests.conftest import ROOT, Server, keyed_server
+from tests.conftest import ROOT, keyed_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import problem
 
 WALLET = '''
@@ -53,16 +54,16 @@ def keys() -> Keys:
 
 
 @pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def keyed(request: pytest.FixtureRequest, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def keyed(request: pytest.FixtureRequest, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     yield from keyed_server(request, tmp_path_factory.mktemp("keyed"), keys.lines.replace(";", "\n"),
-                            {"ENVFOUNDRY_MAX_ENVIRONMENTS": "2"})
+                            {"ENVFOUNDRY_MAX_ENVIRONMENTS": "2"}, start=start_app)
 
 
-def as_(server: Server, key: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+def as_(server: AppServer, key: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {key}"})
 
 
-def test_requests_without_a_valid_key_are_401(keyed: Server) -> None:
+def test_requests_without_a_valid_key_are_401(keyed: AppServer) -> None:
     with keyed.client() as anonymous:
         assert anonymous.get("/healthz").status_code == 200
         response = anonymous.get("/v1/environments")
@@ -73,7 +74,7 @@ def test_requests_without_a_valid_key_are_401(keyed: Server) -> None:
                                headers={"Authorization": "Basic abc"}), 401, "unauthorized")
 
 
-def test_registering_code_needs_the_admin_scope(keyed: Server, keys: Keys) -> None:
+def test_registering_code_needs_the_admin_scope(keyed: AppServer, keys: Keys) -> None:
     with as_(keyed, keys.run_a) as runner:
         assert runner.post("/v1/sessions", json={"scenario_id": "probe-001"}).status_code == 201
         body = problem(runner.post("/v1/environments", json={"env_id": "w-run", "class_name": "Wallet",
@@ -83,7 +84,7 @@ def test_registering_code_needs_the_admin_scope(keyed: Server, keys: Keys) -> No
         problem(runner.delete("/v1/environments/probe"), 403, "forbidden")
 
 
-def test_tenants_cannot_see_each_other(keyed: Server, keys: Keys) -> None:
+def test_tenants_cannot_see_each_other(keyed: AppServer, keys: Keys) -> None:
     with as_(keyed, keys.admin_a) as a, as_(keyed, keys.admin_b) as b:
         assert a.post("/v1/environments", json={"env_id": "wallet-a", "class_name": "Wallet",
                                                 "code": WALLET}).status_code == 201
@@ -110,7 +111,7 @@ def test_tenants_cannot_see_each_other(keyed: Server, keys: Keys) -> None:
         assert a.post(f"/v1/sessions/{sid}/score").json()["reward"] == 1.0
 
 
-def test_deleting_what_a_tenant_added(keyed: Server, keys: Keys) -> None:
+def test_deleting_what_a_tenant_added(keyed: AppServer, keys: Keys) -> None:
     with as_(keyed, keys.admin_b) as b:
         assert b.post("/v1/environments", json={"env_id": "wallet-del", "class_name": "Wallet",
                                                 "code": WALLET}).status_code == 201
@@ -124,7 +125,7 @@ def test_deleting_what_a_tenant_added(keyed: Server, keys: Keys) -> None:
         assert "was deleted" in gone["detail"]
 
 
-def test_a_tenant_beyond_its_environment_quota_gets_429(keyed: Server, keys: Keys) -> None:
+def test_a_tenant_beyond_its_environment_quota_gets_429(keyed: AppServer, keys: Keys) -> None:
     with as_(keyed, keys.admin_a) as a:
         a.post("/v1/environments", json={"env_id": "wallet-q1", "class_name": "Wallet", "code": WALLET + "#1\n"})
         response = a.post("/v1/environments", json={"env_id": "wallet-q2", "class_name": "Wallet",

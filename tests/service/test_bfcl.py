@@ -1,6 +1,6 @@
 """``envfoundry catalog import-bfcl`` on a package in bfcl-eval's layout (API classes, entries and ground truth
-written for these tests), its catalog validated, and BFCL's state and response checks scored through a real
-server. bfcl-eval itself is not installed for the tests: its dependencies (model SDKs, sentence-transformers,
+written for these tests), its catalog validated, and BFCL's state and response checks scored by the real app
+(in this process). bfcl-eval itself is not installed for the tests: its dependencies (model SDKs, sentence-transformers,
 faiss) are far heavier than the files the importer reads."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from service.catalog.importers.bfcl_data import ADDED_FUNCTIONS_PROMPT
-from tests.conftest import ROOT, start_server
+from tests.conftest import ROOT
+from tests.in_process import start_app
 from tests.service.test_api import call, new_session, state
 from tests.service.test_cli import run
 
@@ -45,9 +46,8 @@ def mpmath_allowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def client(imported: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory,
-           mpmath_allowed: dict[str, str]) -> Iterator[httpx.Client]:
-    server = start_server(tmp_path_factory.mktemp("bfcl-server"), catalogs=(imported[0],), extra_env=mpmath_allowed)
+def client(imported: tuple[Path, str], mpmath_allowed: dict[str, str]) -> Iterator[httpx.Client]:
+    server = start_app(catalogs=(imported[0],), extra_env=mpmath_allowed)
     try:
         with server.client() as http:
             yield http

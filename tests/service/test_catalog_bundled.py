@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from service.catalog.collection import Catalog
-from tests.conftest import BUNDLED, start_server
+from tests.conftest import BUNDLED
+from tests.in_process import start_app
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +20,9 @@ def bundled() -> Catalog:
 
 
 @pytest.fixture(scope="module")
-def bundled_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A real server that serves the bundled catalog alone."""
-    server = start_server(Path(tmp_path_factory.mktemp("bundled")), catalogs=(BUNDLED,))
+def bundled_client() -> Iterator[httpx.Client]:
+    """The real app (in this process) serving the bundled catalog alone."""
+    server = start_app(catalogs=(BUNDLED,))
     try:
         with server.client() as client:
             yield client

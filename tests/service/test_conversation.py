@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from service.engine.user_llm import STOP
-from tests.conftest import Server, start_server
+from tests.in_process import AppServer, start_app
 from tests.scripted_openai import Running
 from tests.scripted_openai.queue import ChatQueue
 from tests.service.test_api import call, new_session, problem, state
+
+pytestmark = pytest.mark.in_process
 
 TASK_START = "Add item A1 named Apple"
 
@@ -25,10 +26,9 @@ def chat() -> Iterator[Running]:
 
 
 @pytest.fixture
-def served(chat: Running, tmp_path: Path) -> Iterator[Server]:
-    server = start_server(tmp_path, extra_env={"ENVFOUNDRY_USER_LLM_BASE_URL": chat.url,
-                                               "ENVFOUNDRY_USER_LLM_MODEL": "user-sim",
-                                               "ENVFOUNDRY_USER_LLM_TIMEOUT": "2"})
+def served(chat: Running) -> Iterator[AppServer]:
+    server = start_app(extra_env={"ENVFOUNDRY_USER_LLM_BASE_URL": chat.url, "ENVFOUNDRY_USER_LLM_MODEL": "user-sim",
+                                  "ENVFOUNDRY_USER_LLM_TIMEOUT": "2"})
     yield server
     server.stop()
 
@@ -39,7 +39,7 @@ def converse(client: httpx.Client, sid: str, content: str, status: int = 200) ->
     return response
 
 
-def test_a_whole_conversation_episode(served: Server, chat: Running) -> None:
+def test_a_whole_conversation_episode(served: AppServer, chat: Running) -> None:
     chat.script.extend(["Hi, I need an item added to my list.", "It's A1, called Apple, two of them.",
                     f"Great, that's all.\n{STOP}"])
     with served.client() as client:
@@ -80,7 +80,7 @@ def test_a_whole_conversation_episode(served: Server, chat: Running) -> None:
         assert len(chat.script.requests) == 3
 
 
-def test_a_failing_user_llm_leaves_the_session_as_it_was(served: Server, chat: Running) -> None:
+def test_a_failing_user_llm_leaves_the_session_as_it_was(served: AppServer, chat: Running) -> None:
     chat.script.extend(["Hello, I need help.", ("status", 500), ("raw", b"not json at all"), ("raw", b'{"choices": []}'),
                     ("sleep", 3.0), "", "Item A1 please."])
     with served.client() as client:
@@ -95,7 +95,7 @@ def test_a_failing_user_llm_leaves_the_session_as_it_was(served: Server, chat: R
         assert converse(client, sid, "How can I help?").json() == {"step": 1, "reply": "Item A1 please.", "done": False}
 
 
-def test_a_keyed_message_is_sent_to_the_user_once(served: Server, chat: Running) -> None:
+def test_a_keyed_message_is_sent_to_the_user_once(served: AppServer, chat: Running) -> None:
     chat.script.extend(["Hi.", "A1 please."])
     with served.client() as client:
         sid = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"}).json()["session_id"]
@@ -106,7 +106,7 @@ def test_a_keyed_message_is_sent_to_the_user_once(served: Server, chat: Running)
         assert len(chat.script.requests) == 2
 
 
-def test_a_conversation_group_shares_one_opening(served: Server, chat: Running) -> None:
+def test_a_conversation_group_shares_one_opening(served: AppServer, chat: Running) -> None:
     chat.script.extend(["Hi, one opening for all."])
     with served.client() as client:
         group = client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation", "n": 3}).json()
@@ -115,7 +115,7 @@ def test_a_conversation_group_shares_one_opening(served: Server, chat: Running) 
             assert client.get(f"/v1/sessions/{sid}").json()["mode"] == "conversation"
 
 
-def test_opening_failure_creates_nothing(served: Server, chat: Running) -> None:
+def test_opening_failure_creates_nothing(served: AppServer, chat: Running) -> None:
     chat.script.extend([("status", 503)])
     with served.client() as client:
         problem(client.post("/v1/sessions", json={"scenario_id": "probe-001", "mode": "conversation"}), 502,

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import BUNDLED, Server, drop_keys, start_server
 from tests.service.test_api import call, new_session, problem
 from tests.service.test_cli import run
+
+pytestmark = pytest.mark.in_process  # (the restart is a real one: a new process, whose log is read)
 
 V1 = '''
 class Counter:

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import Server
 from tests.service.test_api import call, new_session, problem, state
 
+pytestmark = pytest.mark.in_process
+
 
 def created(client: httpx.Client, headers: dict[str, str] | None = None, **body: Any) -> dict[str, Any]:
     response = client.post("/v1/sessions", json=body, headers=headers)

@@ -1,4 +1,4 @@
-"""The attacks of the hostile-client round, over real HTTP: the attacker gets a clear problem and
+"""The attacks of the hostile-client round, against the real app in this process (tests/in_process.py): the attacker gets a clear problem and
 changes nothing, and another tenant's requests (the victim's) are answered meanwhile."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from service.api.auth import new_key
 from service.catalog.analysis import Analysis
 from service.catalog.model import CatalogError
-from tests.conftest import Server, keyed_server
+from tests.conftest import keyed_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import problem
 
 QUOTA = 8 << 20
@@ -55,23 +56,23 @@ def tenants() -> Tenants:
 
 @pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def hostile(request: pytest.FixtureRequest, tenants: Tenants,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     yield from keyed_server(request, tmp_path_factory.mktemp("hostile"), tenants.lines,
-                            {"ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA), "ENVFOUNDRY_CALL_TIMEOUT": "4"})
+                            {"ENVFOUNDRY_MAX_TENANT_BYTES": str(QUOTA), "ENVFOUNDRY_CALL_TIMEOUT": "4"}, start=start_app)
 
 
-def _client(server: Server, key: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=60, headers={"authorization": f"Bearer {key}"})
+def _client(server: AppServer, key: str) -> httpx.Client:
+    return server.client(headers={"authorization": f"Bearer {key}"})
 
 
 @pytest.fixture
-def attacker(hostile: Server, tenants: Tenants) -> Iterator[httpx.Client]:
+def attacker(hostile: AppServer, tenants: Tenants) -> Iterator[httpx.Client]:
     with _client(hostile, tenants.attacker) as http:
         yield http
 
 
 @pytest.fixture
-def victim(hostile: Server, tenants: Tenants) -> Iterator[httpx.Client]:
+def victim(hostile: AppServer, tenants: Tenants) -> Iterator[httpx.Client]:
     with _client(hostile, tenants.victim) as http:
         yield http
 

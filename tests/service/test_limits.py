@@ -6,13 +6,12 @@ import secrets
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
 from service.api.auth import new_key
-from tests.conftest import Server, start_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import call, new_session, problem, state
 
 SLOW = '''
@@ -52,20 +51,20 @@ def keys() -> Keys:
 
 
 @pytest.fixture(scope="module")
-def bounded(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(tmp_path_factory.mktemp("bounded"), workers=2, extra_env={
+def bounded(keys: Keys) -> Iterator[AppServer]:
+    server = start_app(workers=2, extra_env={
         "ENVFOUNDRY_API_KEYS": keys.lines, "ENVFOUNDRY_MAX_STEPS": "4", "ENVFOUNDRY_MAX_RECORD_BYTES": "8192",
         "ENVFOUNDRY_SCORE_BUDGET": "2", "ENVFOUNDRY_TENANT_SANDBOX_SHARE": "0.5"})
     yield server
     server.stop()
 
 
-def as_(server: Server, key: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+def as_(server: AppServer, key: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {key}"})
 
 
 @pytest.fixture(scope="module")
-def slow_env(bounded: Server, keys: Keys) -> str:
+def slow_env(bounded: AppServer, keys: Keys) -> str:
     env_id = f"slow-{secrets.token_hex(3)}"
     with as_(bounded, keys.a) as a, as_(bounded, keys.b) as b:
         for client in (a, b):
@@ -74,7 +73,7 @@ def slow_env(bounded: Server, keys: Keys) -> str:
     return env_id
 
 
-def test_a_session_stops_at_max_steps_and_its_state_stays(bounded: Server, keys: Keys, slow_env: str) -> None:
+def test_a_session_stops_at_max_steps_and_its_state_stays(bounded: AppServer, keys: Keys, slow_env: str) -> None:
     with as_(bounded, keys.a) as a:
         sid = new_session(a, env_id=slow_env)
         for _ in range(4):
@@ -86,7 +85,7 @@ def test_a_session_stops_at_max_steps_and_its_state_stays(bounded: Server, keys:
         assert state(a, sid) == before
 
 
-def test_a_diff_over_the_record_bound_is_summarised_and_the_result_kept(bounded: Server, keys: Keys,
+def test_a_diff_over_the_record_bound_is_summarised_and_the_result_kept(bounded: AppServer, keys: Keys,
                                                                         slow_env: str) -> None:
     with as_(bounded, keys.a) as a:
         sid = new_session(a, env_id=slow_env)
@@ -100,7 +99,7 @@ def test_a_diff_over_the_record_bound_is_summarised_and_the_result_kept(bounded:
         assert "truncated" not in small and small["changed"]
 
 
-def test_checks_past_the_score_budget_are_a_named_problem(bounded: Server, keys: Keys, slow_env: str) -> None:
+def test_checks_past_the_score_budget_are_a_named_problem(bounded: AppServer, keys: Keys, slow_env: str) -> None:
     with as_(bounded, keys.a) as a:
         scenario = a.post("/v1/scenarios", json={"env_id": slow_env, "task": "nap", "checklist": [
             {"item": f"sleepy {i}", "check": SLEEPY_CHECK} for i in range(3)]}).json()
@@ -111,7 +110,7 @@ def test_checks_past_the_score_budget_are_a_named_problem(bounded: Server, keys:
         assert call(a, new_session(a, env_id=slow_env), "fill", {"kilobytes": 1})["ok"]
 
 
-def test_one_tenant_cannot_hold_every_worker(bounded: Server, keys: Keys, slow_env: str) -> None:
+def test_one_tenant_cannot_hold_every_worker(bounded: AppServer, keys: Keys, slow_env: str) -> None:
     """With a share of 0.5 of two workers, alpha's second slow call waits while beta's call goes ahead."""
     with as_(bounded, keys.a) as a, as_(bounded, keys.b) as b:
         sessions = [new_session(a, env_id=slow_env) for _ in range(2)]
@@ -133,8 +132,8 @@ def test_one_tenant_cannot_hold_every_worker(bounded: Server, keys: Keys, slow_e
         assert finished["beta"] < finished["alpha-1"] < finished["alpha-2"]
 
 
-def test_a_tenant_past_its_live_session_quota_gets_429(tmp_path: Path) -> None:
-    server = start_server(tmp_path, extra_env={"ENVFOUNDRY_MAX_SESSIONS": "3"})
+def test_a_tenant_past_its_live_session_quota_gets_429() -> None:
+    server = start_app(extra_env={"ENVFOUNDRY_MAX_SESSIONS": "3"})
     try:
         with server.client() as client:
             group = client.post("/v1/sessions", json={"scenario_id": "probe-001", "n": 2}).json()["session_ids"]
@@ -150,10 +149,10 @@ def test_a_tenant_past_its_live_session_quota_gets_429(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_waiting_tenant_goes_before_a_busy_tenants_queue(tmp_path: Path, keys: Keys) -> None:
+def test_a_waiting_tenant_goes_before_a_busy_tenants_queue(keys: Keys) -> None:
     """Work-conserving fairness, on by default: alpha fills both workers and queues two more calls;
     beta's one call takes the next free worker."""
-    server = start_server(tmp_path, workers=2, extra_env={"ENVFOUNDRY_API_KEYS": keys.lines})
+    server = start_app(workers=2, extra_env={"ENVFOUNDRY_API_KEYS": keys.lines})
     env_id = f"slow-{secrets.token_hex(3)}"
     try:
         with as_(server, keys.a) as a, as_(server, keys.b) as b:

@@ -16,6 +16,7 @@ import httpx
 from sandbox.pool.requests import INITIAL_CACHE_BYTES
 from sandbox.pool.workers import PING_EVERY
 from tests.conftest import start_server
+from tests.in_process import start_app
 from tests.service.test_observability import sample
 
 DATABASE = '''
@@ -82,9 +83,9 @@ def _episode(client: httpx.Client, n: int) -> str:
     return sid
 
 
-def test_sessions_over_a_3mb_database_end_with_their_sessions_and_give_their_memory_back(tmp_path: Path) -> None:
+def test_sessions_over_a_3mb_database_end_with_their_sessions_and_give_their_memory_back() -> None:
     workers = 2
-    server = start_server(tmp_path, workers=workers)
+    server = start_app(workers=workers)
     try:
         with server.client(timeout=120) as client:
             added = client.post("/v1/environments", json={"env_id": "airline_3mb", "class_name": "Airline",

@@ -10,21 +10,22 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import start_server
+from tests.in_process import AppServer, start_app
 
 GRAPHS = Path(__file__).resolve().parents[1] / "fixtures" / "graphs"
 
 
 @pytest.fixture(scope="module")
-def graph_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """An API process (process sandbox, memory store) serving the file-system fixture catalog."""
-    server = start_server(tmp_path_factory.mktemp("graphs"), catalogs=(GRAPHS,), workers=1)
+def graph_server() -> Iterator[AppServer]:
+    """The app in this process (process sandbox, memory store) serving the file-system fixture catalog."""
+    server = start_app(catalogs=(GRAPHS,), workers=1)
     yield server
     server.stop()
 
 
 @pytest.fixture
-def api(graph_server: Server) -> Iterator[httpx.Client]:
+def api(graph_server: AppServer) -> Iterator[httpx.Client]:
     with graph_server.client() as http:
         yield http
 

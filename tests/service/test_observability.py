@@ -1,4 +1,4 @@
-"""/metrics, /readyz, request ids and structured logs, over a real server."""
+"""/metrics, /readyz and request ids from the real app (in this process); structured logs from a real server."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, start_server
+from tests.in_process import start_app
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -25,8 +26,8 @@ def sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_metrics_move_by_what_an_episode_did(tmp_path: Path) -> None:
-    server = start_server(tmp_path)
+def test_metrics_move_by_what_an_episode_did() -> None:
+    server = start_app()
     try:
         with server.client() as client:
             before = client.get("/metrics").text
@@ -90,7 +91,7 @@ def test_readiness_follows_redis_and_liveness_does_not(tmp_path: Path) -> None:
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
     time.sleep(0.3)
-    server = start_server(tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
+    server = start_app(redis_url=f"redis://127.0.0.1:{port}/0")
     try:
         with server.client(timeout=10) as client:
             assert client.get("/readyz").json() == {"status": "ready"}

@@ -11,6 +11,7 @@ import httpx
 import redis
 
 from tests.conftest import start_server
+from tests.in_process import start_app
 
 
 def _commands(raw: redis.Redis) -> dict[str, int]:
@@ -23,8 +24,8 @@ def _call(http: httpx.Client, sid: str, key: str | None = None) -> httpx.Respons
     return http.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": {}}, headers=headers)
 
 
-def test_calls_on_a_session_this_replica_holds_are_one_redis_round_trip_each(tmp_path: Path, redis_url: str) -> None:
-    server = start_server(tmp_path, redis_url=redis_url, workers=1)
+def test_calls_on_a_session_this_replica_holds_are_one_redis_round_trip_each(redis_url: str) -> None:
+    server = start_app(redis_url=redis_url, workers=1)
     raw = redis.Redis.from_url(redis_url)
     try:
         with server.client() as http:

@@ -18,7 +18,7 @@ from service.catalog.admission import build_environment
 from service.catalog.collection import Catalog
 from service.catalog.folders import bundled_catalog_dir
 from service.catalog.model import CatalogError
-from tests.conftest import Server, start_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import problem
 
 ORDERS_INIT = "    def __init__(self):\n        self.orders = {}\n\n"
@@ -270,14 +270,14 @@ def test_a_refused_package_is_skipped_when_a_catalog_loads_naming_the_line(tmp_p
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("outside"))
+def server() -> Iterator[AppServer]:
+    srv = start_app()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def client(server: Server) -> Iterator[httpx.Client]:
+def client(server: AppServer) -> Iterator[httpx.Client]:
     with server.client() as http:
         yield http
 

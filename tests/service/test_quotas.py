@@ -1,4 +1,4 @@
-"""A tenant's quotas of live sessions and stored bytes over real HTTP, on both stores: sessions
+"""A tenant's quotas of live sessions and stored bytes, on both stores (the app in this process): sessions
 kept alive by reads alone stay counted, however long past the session TTL they are read."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server, keyed_server
+from tests.conftest import keyed_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import new_session, problem
 
 TTL = 2.0  # seconds an idle session lives here
@@ -26,11 +27,11 @@ class Big:
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def quota_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+def quota_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppServer]:
     # no API keys: every request is the one anonymous tenant's
     yield from keyed_server(request, tmp_path, "", {"ENVFOUNDRY_SESSION_TTL": str(TTL),
                                                     "ENVFOUNDRY_MAX_SESSIONS": "2",
-                                                    "ENVFOUNDRY_MAX_TENANT_BYTES": str(1 << 20)})
+                                                    "ENVFOUNDRY_MAX_TENANT_BYTES": str(1 << 20)}, start=start_app)
 
 
 def _read_past_the_ttl(client: httpx.Client, sids: list[str]) -> None:
@@ -43,7 +44,7 @@ def _read_past_the_ttl(client: httpx.Client, sids: list[str]) -> None:
         time.sleep(0.4)
 
 
-def test_sessions_kept_alive_by_reads_count_against_the_session_quota(quota_server: Server) -> None:
+def test_sessions_kept_alive_by_reads_count_against_the_session_quota(quota_server: AppServer) -> None:
     with quota_server.client() as client:
         sids = [new_session(client, scenario_id="lib-001") for _ in range(2)]
         _read_past_the_ttl(client, sids)
@@ -55,7 +56,7 @@ def test_sessions_kept_alive_by_reads_count_against_the_session_quota(quota_serv
         new_session(client, scenario_id="lib-001")  # deleting one frees its place
 
 
-def test_sessions_kept_alive_by_reads_count_against_the_bytes_quota(quota_server: Server) -> None:
+def test_sessions_kept_alive_by_reads_count_against_the_bytes_quota(quota_server: AppServer) -> None:
     with quota_server.client() as client:
         added = client.post("/v1/environments", json={"env_id": "big_blob", "class_name": "Big", "code": BIG})
         assert added.status_code in (200, 201), added.text

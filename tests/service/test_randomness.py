@@ -4,7 +4,6 @@ with a ``seed`` every draw is reproducible, on any replica."""
 from __future__ import annotations
 
 import random
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, drop_keys, start_server
+from tests.conftest import per_store, start_server
+from tests.in_process import AppServer, start_app
 
 DICE = '''
 import random
@@ -62,24 +62,16 @@ def _register(http: httpx.Client) -> None:
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
-def rebuilding(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server that keeps no live session: every call rebuilds the instance from the stored state."""
-    env = {"ENVFOUNDRY_RESIDENTS": "0"}
-    url = None
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(tmp_path_factory.mktemp("rebuilding"), redis_url=url, extra_env=env)
-    with server.client() as http:
-        _register(http)
-    yield server
-    server.stop()
-    if url:
-        drop_keys(url, env["ENVFOUNDRY_KEY_PREFIX"])
+def rebuilding(request: pytest.FixtureRequest) -> Iterator[AppServer]:
+    """The app (in this process) keeping no live session: every call rebuilds the instance from the stored state."""
+    for server in per_store(request, start_app, {"ENVFOUNDRY_RESIDENTS": "0"}):
+        with server.client() as http:
+            _register(http)
+        yield server
 
 
 @pytest.fixture
-def http(rebuilding: Server) -> Iterator[httpx.Client]:
+def http(rebuilding: AppServer) -> Iterator[httpx.Client]:
     with rebuilding.client() as client:
         yield client
 

@@ -2,8 +2,8 @@
 
 Each class below is written the way LLM-written environments are (ordinary code, some of it
 unusual). Its calls are run twice: in this process, instantiated as the service instantiates it
-(a failed call rolled back), and through a real server that rebuilds the session from its stored
-state before every call (``ENVFOUNDRY_REBUILD_EVERY_CALL=1``), on both stores and both sandbox
+(a failed call rolled back), and through the real app (tests/in_process.py), whose sandbox rebuilds
+the session from its stored state before every call (``ENVFOUNDRY_REBUILD_EVERY_CALL=1``), on both stores and both sandbox
 backends. Every call's answer must be the same, and so must a fork's at every step, continued to
 the end. Code that keeps state outside the instance is refused when it is added instead (422 naming
 the line), never served and silently lost.
@@ -27,6 +27,7 @@ import pytest
 
 from sandbox.worker.resident import instantiate
 from tests.conftest import SANDBOX_IMAGE, Server, drop_keys, start_server
+from tests.in_process import AppServer, start_app
 
 
 @dataclass(frozen=True)
@@ -443,7 +444,7 @@ def served(http: httpx.Client, session: str, calls: tuple[tuple[str, dict[str, A
 
 
 @pytest.fixture(scope="module", params=["memory-process", "redis-process", "memory-docker", "redis-docker"])
-def rebuilding(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def rebuilding(request: pytest.FixtureRequest) -> Iterator[AppServer]:
     store, backend = request.param.split("-")
     env = {"ENVFOUNDRY_REBUILD_EVERY_CALL": "1", "ENVFOUNDRY_SANDBOX": backend}
     if backend == "docker":
@@ -453,7 +454,7 @@ def rebuilding(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     if store == "redis":
         url = request.getfixturevalue("redis_url")
         env["ENVFOUNDRY_KEY_PREFIX"] = f"eftest-{secrets.token_hex(4)}"
-    server = start_server(Path(tmp_path_factory.mktemp("rebuilding")), redis_url=url, extra_env=env)
+    server = start_app(redis_url=url, extra_env=env)
     yield server
     server.stop()
     if url:
@@ -461,7 +462,7 @@ def rebuilding(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def http(rebuilding: Server) -> Iterator[httpx.Client]:
+def http(rebuilding: AppServer) -> Iterator[httpx.Client]:
     with rebuilding.client() as client:
         yield client
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from service.catalog.collection import Catalog
 from service.server.settings import Settings
-from tests.conftest import BUNDLED, start_server
+from tests.conftest import BUNDLED
+from tests.in_process import start_app
 
 
 def test_the_setting_means_no_residents() -> None:
@@ -25,9 +25,8 @@ def test_the_setting_means_no_residents() -> None:
 
 
 @pytest.fixture(scope="module")
-def rebuilding(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    server = start_server(Path(tmp_path_factory.mktemp("rebuild")), catalogs=(BUNDLED,),
-                          extra_env={"ENVFOUNDRY_REBUILD_EVERY_CALL": "1"})
+def rebuilding() -> Iterator[httpx.Client]:
+    server = start_app(catalogs=(BUNDLED,), extra_env={"ENVFOUNDRY_REBUILD_EVERY_CALL": "1"})
     try:
         with server.client() as client:
             yield client

@@ -1,6 +1,7 @@
 """Past states rebuilt by running steps again: kept once rebuilt, charged to the tenant and bounded
 per tenant, and a sandbox that could not run a step again is a 503, never a 409 about the
-environment. Real servers, real sandbox workers, both stores."""
+environment. The real app (in this process; a server process where a worker is killed), real
+sandbox workers, both stores."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from service.engine.replays import ReplayBudget, ReplayCache
 from service.engine.rewind import _difference
 from service.errors import QuotaExceeded
 from tests.conftest import Server, keyed_server, start_server
+from tests.in_process import AppServer, start_app
 from tests.service import proctree
 from tests.service.test_api import new_session, problem
 from tests.service.test_faults import InFlight
@@ -94,16 +96,16 @@ def keys() -> Keys:
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def budgeted(request: pytest.FixtureRequest, keys: Keys, tmp_path: Path) -> Iterator[Server]:
+def budgeted(request: pytest.FixtureRequest, keys: Keys, tmp_path: Path) -> Iterator[AppServer]:
     # one second of replay per tenant and minute: one replay of three half-second steps uses it up
-    yield from keyed_server(request, tmp_path, keys.lines, {"ENVFOUNDRY_REPLAY_SECONDS": "1"})
+    yield from keyed_server(request, tmp_path, keys.lines, {"ENVFOUNDRY_REPLAY_SECONDS": "1"}, start=start_app)
 
 
-def _client(server: Server, key: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+def _client(server: AppServer, key: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {key}"})
 
 
-def test_a_rebuilt_past_state_is_kept_and_replay_time_is_charged_to_its_tenant(budgeted: Server, keys: Keys) -> None:
+def test_a_rebuilt_past_state_is_kept_and_replay_time_is_charged_to_its_tenant(budgeted: AppServer, keys: Keys) -> None:
     with _client(budgeted, keys.a) as a, _client(budgeted, keys.b) as b:
         _add_environment(a)
         sid = new_session(a, env_id="shared_ledger")

@@ -1,4 +1,4 @@
-"""Environments that need packages, served end to end by a real server on both sandbox backends:
+"""Environments that need packages, served end to end by the real app on both sandbox backends:
 the layer reaches only the environment that declared it, refused imports and requirements are
 422, a catalog's layer is reused across restarts, and pydantic models as state round-trip."""
 
@@ -17,6 +17,7 @@ import pytest
 from service.catalog.packages.layers import Layers
 from service.catalog.requirements import AllowList
 from tests.conftest import Server, start_server
+from tests.in_process import AppServer, start_app
 from tests.wheels import make_wheel
 
 pytestmark = pytest.mark.timeout(600)
@@ -85,11 +86,21 @@ def _package(folder: Path, env_id: str, class_name: str, code: str, requirements
     return package
 
 
+def _env(tmp: Path, backend: str, allowed: str, wheelhouse: Path, **extra: str) -> dict[str, str]:
+    return {"ENVFOUNDRY_ALLOWED_REQUIREMENTS": allowed, "ENVFOUNDRY_WHEELHOUSE": str(wheelhouse),
+            "ENVFOUNDRY_LAYERS_DIR": str(tmp / "layers"), "ENVFOUNDRY_SANDBOX": backend, **extra}
+
+
 def _serve(tmp: Path, backend: str, allowed: str, wheelhouse: Path, catalogs: tuple[Path, ...],
            **extra: str) -> Server:
-    env = {"ENVFOUNDRY_ALLOWED_REQUIREMENTS": allowed, "ENVFOUNDRY_WHEELHOUSE": str(wheelhouse),
-           "ENVFOUNDRY_LAYERS_DIR": str(tmp / "layers"), "ENVFOUNDRY_SANDBOX": backend, **extra}
-    return start_server(tmp, extra_env=env, catalogs=catalogs, workers=1)
+    """A server process: for the tests that read its log or restart it."""
+    return start_server(tmp, extra_env=_env(tmp, backend, allowed, wheelhouse, **extra), catalogs=catalogs, workers=1)
+
+
+def _serve_here(tmp: Path, backend: str, allowed: str, wheelhouse: Path, catalogs: tuple[Path, ...],
+                **extra: str) -> AppServer:
+    """The app in this process (tests/in_process.py), for the others."""
+    return start_app(extra_env=_env(tmp, backend, allowed, wheelhouse, **extra), catalogs=catalogs, workers=1)
 
 
 def _call(http: Any, sid: str, name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -209,7 +220,7 @@ def test_requirements_that_are_not_versions_are_422_before_pip_runs(tmp_path: Pa
     (planted / "setup.py").write_text(f"open({str(tmp_path / 'built')!r}, 'w').write('ran')\n"
                                       "from setuptools import setup\nsetup(name='efdemo', version='9')\n")
     make_wheel(wheelhouse, "efextra", "0.1", {"efextra.py": "X = 1\n"})
-    server = _serve(tmp_path, backend, "efdemo\nefextra", wheelhouse, ())
+    server = _serve_here(tmp_path, backend, "efdemo\nefextra", wheelhouse, ())
     try:
         with server.client() as http:
             for i, requirements in enumerate([*NOT_VERSIONS, [f"efdemo==={planted}"]]):
@@ -301,7 +312,7 @@ def test_pydantic_models_as_state_round_trip_through_calls_forks_and_the_store(
     # building five distributions at start-up could outlast the test's readiness wait on a busy machine).
     asyncio.run(Layers(tmp_path / "layers", wheelhouse=pydantic_wheels).ensure(AllowList([allowed]).pins([PYDANTIC])))
     # No live sessions: every call rebuilds the instance from the stored (encoded) state.
-    server = _serve(tmp_path, backend, allowed, pydantic_wheels, (catalog,), ENVFOUNDRY_RESIDENTS="0")
+    server = _serve_here(tmp_path, backend, allowed, pydantic_wheels, (catalog,), ENVFOUNDRY_RESIDENTS="0")
     try:
         with server.client() as http:
             sid = http.post("/v1/sessions", json={"env_id": "airline", "init_config": {"seed": seed}}).json()[

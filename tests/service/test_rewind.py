@@ -10,6 +10,9 @@ import httpx
 import pytest
 
 from tests.conftest import Server, start_server
+from tests.in_process import start_app
+
+pytestmark = pytest.mark.in_process  # (restarts are real ones: a new process)
 
 RANDOM = '''
 import random
@@ -174,10 +177,10 @@ class Big:
 '''
 
 
-def test_a_step_whose_parts_would_pass_the_record_bound_keeps_its_diff_and_is_replayed(tmp_path: Path) -> None:
+def test_a_step_whose_parts_would_pass_the_record_bound_keeps_its_diff_and_is_replayed() -> None:
     """The parts a step changed are kept with its record only while they fit the record bound:
     the diff, arguments and result come first, and a past state is then rebuilt by replaying."""
-    server = start_server(tmp_path, extra_env={"ENVFOUNDRY_MAX_RECORD_BYTES": "4096"})
+    server = start_app(extra_env={"ENVFOUNDRY_MAX_RECORD_BYTES": "4096"})
     try:
         with server.client() as client:
             added = client.post("/v1/environments", json={"env_id": "big_entry", "class_name": "Big",

@@ -15,7 +15,8 @@ from service.api.auth import new_key
 from service.catalog.collection import Catalog
 from service.catalog.model import Scenario
 from service.catalog.scenario_index import ScenarioIndex, ScenarioQuery, decode_cursor, encode_cursor, page
-from tests.conftest import BUNDLED, FIXTURES, Server, keyed_server
+from tests.conftest import BUNDLED, FIXTURES, keyed_server
+from tests.in_process import AppServer, start_app
 from tests.service.test_api import problem
 
 SHELF = '''
@@ -59,13 +60,13 @@ def write_catalog(root: Path) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class Listing:
-    server: Server
+    server: AppServer
     a: str  # tenant a's admin key
     b: str  # tenant b's admin key
     expected: dict[str, dict[str, Any]]
 
     def as_(self, key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.server.url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+        return self.server.client(headers={"Authorization": f"Bearer {key}"})
 
 
 @pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -75,7 +76,7 @@ def listing(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     key_a, line_a = new_key("acme", ["run", "admin"])
     key_b, line_b = new_key("umbrella", ["run", "admin"])
     for server in keyed_server(request, tmp, f"{line_a}\n{line_b}\n", {},
-                               catalogs=(BUNDLED, FIXTURES, tmp / "catalog")):
+                               catalogs=(BUNDLED, FIXTURES, tmp / "catalog"), start=start_app):
         yield Listing(server, key_a, key_b, expected)
 
 

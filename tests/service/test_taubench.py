@@ -1,5 +1,5 @@
 """``envfoundry catalog import-taubench`` on a checkout in tau-bench's layout (a fixture domain written for these
-tests), its catalog validated, and tau-bench's reward scored through a real server."""
+tests), its catalog validated, and tau-bench's reward scored by the real app (in this process)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT, start_server
+from tests.conftest import ROOT
+from tests.in_process import start_app
 from tests.service.test_api import call, new_session, problem, state
 from tests.service.test_cli import run
 
@@ -29,8 +30,8 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    server = start_server(tmp_path_factory.mktemp("taubench-server"), catalogs=(imported,))
+def client(imported: Path) -> Iterator[httpx.Client]:
+    server = start_app(catalogs=(imported,))
     try:
         with server.client() as http:
             yield http

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from synthesis import cli
-from tests.conftest import start_server
+from tests.in_process import start_app
 from tests.scripted_openai import Running
 from tests.synthesis.conftest import write_config
 
@@ -58,7 +58,7 @@ def copy_of(run: FirstRun, tmp_path: Path) -> Path:
     return out
 
 
-def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: FirstRun, tmp_path: Path) -> None:
+def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: FirstRun) -> None:
     assert first_run.code == 0, first_run.stdout
     lines = first_run.stdout.splitlines()
     assert [line.split()[0] for line in lines[2:9]] == ["themes", "dedup", "skeletons", "assess", "scenarios", "publish", "total"]
@@ -97,7 +97,7 @@ def test_synth_all_makes_a_catalog_the_service_serves_with_reward_1(first_run: F
     assert "Only active permits can be cancelled" not in first_run.parking_task_prompt
     assert "cancel permits" not in first_run.parking_task_prompt
 
-    server = start_server(tmp_path, catalogs=(first_run.out,))
+    server = start_app(catalogs=(first_run.out,))
     try:
         with server.client() as http:
             envs = http.get("/v1/environments").json()
