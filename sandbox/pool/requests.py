@@ -145,7 +145,10 @@ class WorkerPool(Workers):
                 return NEED_STATE_ANSWER
             self.live_calls += 1
             return outcome
-        outcome = await self._call(env, message, state, (session, step, None))
+        # A worker holding the session at an older step rebuilds it in place; one holding it at this
+        # step has just answered that it cannot (NEED_STATE), so any worker may.
+        home = self._homes.get(session)
+        outcome = await self._call(env, message, state, (session, step, home[0] if home and home[1] != step else None))
         self.rebuilt_calls += 1
         return outcome
 

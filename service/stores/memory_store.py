@@ -22,6 +22,7 @@ from service.stores.store import (
     RecordLimit,
     SessionMeta,
     Snapshot,
+    group_delta,
     stored_bytes,
 )
 
@@ -87,9 +88,7 @@ class MemoryStore:
                            delta: dict[str, str] | None = None) -> None:
         if not metas:
             return
-        fields = dict(delta or {})
-        if fields and not (initial_digest and (state is initial or state == initial)):
-            raise ValueError("a delta is against the initial state, as a base that is the state")
+        fields = group_delta(state, initial, initial_digest, delta)
         held = _delta_growth({}, {"set": fields, "unset": []})
         each = stored_bytes(state) + stored_bytes(initial) + sum(map(stored_bytes, trajectory)) + held
         tenant = metas[0].tenant

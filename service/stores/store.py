@@ -36,6 +36,14 @@ from typing import Any, Protocol
 SESSION_TTL = 3600.0
 
 
+def group_delta(state: str, initial: str, initial_digest: str, delta: dict[str, str] | None) -> dict[str, str]:
+    """The fields of a new group's delta; a delta is only ever against the initial state as its base."""
+    fields = dict(delta or {})
+    if fields and not (initial_digest and (state is initial or state == initial)):
+        raise ValueError("a delta is against the initial state, as a base that is the state")
+    return fields
+
+
 class StoreError(Exception):
     """The store is unreachable or answered unexpectedly."""
 

@@ -15,7 +15,7 @@ from service.stores.redis.commit import Commit, Mode
 from service.stores.redis.connection import Connection, translated
 from service.stores.redis.keys import Keys
 from service.stores.redis.tenants import Tenants
-from service.stores.store import BytesQuota, SessionMeta, Snapshot, stored_bytes
+from service.stores.store import BytesQuota, SessionMeta, Snapshot, group_delta, stored_bytes
 
 
 def meta_snapshot(fields: dict[str, str], ttl: float) -> Snapshot:
@@ -59,9 +59,7 @@ class Sessions:
                            delta: dict[str, str] | None = None) -> None:
         if not metas:
             return
-        fields = dict(delta or {})
-        if fields and not (initial_digest and (state is initial or state == initial)):
-            raise ValueError("a delta is against the initial state, as a base that is the state")
+        fields = group_delta(state, initial, initial_digest, delta)
         held = sum(stored_bytes(name) + stored_bytes(value) for name, value in fields.items())
         size = stored_bytes(initial)
         each = (size if state is initial else stored_bytes(state)) + size + sum(map(stored_bytes, trajectory)) + held
