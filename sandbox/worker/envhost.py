@@ -29,7 +29,7 @@ from typing import Any
 from sandbox.state import decoder, encoder
 from sandbox.state.readonly import ReadOnly
 from sandbox.wire.answers import error
-from sandbox.worker import channel, randomness
+from sandbox.worker import channel, randomness, rehearsal
 from sandbox.worker.confine import seccomp
 from sandbox.worker.confine.contain import die_with_parent
 from sandbox.worker.forks import (
@@ -312,6 +312,9 @@ def serve_zygote(sock: socket.socket, limits: WorkerLimits) -> None:
     - ``{"op": "validate", ...}`` -> the validation's answer
     """
     randomness.install()  # before any environment code: hosts and their forks inherit it
+    rehearsal.rehearse()  # (after install: a session's path runs through it)
+    gc.collect()
+    gc.freeze()  # what the zygote holds now, every host and session shares (see ``_start_host``)
     while True:
         message = channel.receive(sock, time.monotonic() + 10 * 365 * 86400)
         if message is None:
