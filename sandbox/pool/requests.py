@@ -17,6 +17,7 @@ from sandbox.errors import RequestFailed, WorkerLost
 from sandbox.pool.calls import NEED_STATE_ANSWER, CallOutcome, EnvCode, NeedState, Stored, outcome, randomness
 from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Worker
 from sandbox.pool.workers import WITH_CONFIG, Workers
+from sandbox.state.deltas import entries_in_place
 from sandbox.wire import answers, frames
 from sandbox.wire.answers import CALL_ERRORS, NEED_CONFIG, NEED_STATE
 from sandbox.wire.limits import Limits
@@ -256,6 +257,7 @@ class WorkerPool(Workers):
 
     async def _call(self, env: EnvCode, message: frames.Call, state: str | Stored | None,
                     session: tuple[str, int, int | None] | None) -> CallOutcome:
+        withheld: str | None = None  # the stored text, not sent unless the worker asks for it
         if isinstance(state, Stored):
             message["state"] = state.text
             if state.delta is not None:
@@ -264,6 +266,10 @@ class WorkerPool(Workers):
                     # (its config only where the worker must build the template: see ``_roundtrip``)
                     message["template"], message["known"] = state.template, state.base
                     message["init_config"] = state.init_config or {}
+                    if session is not None and entries_in_place(state.delta) is not None:
+                        # The template's state and the delta make the stored text: it stays here,
+                        # unless the worker cannot rebuild the session from them (``NEED_STATE``).
+                        withheld = message.pop("state")
         elif state is not None:
             message["state"] = state
         prefer = None
@@ -273,13 +279,7 @@ class WorkerPool(Workers):
             message["lend"] = True
             self._unhome(sid)  # until the worker says it kept the instance
         try:
-            try:
-                answer, slot = await self._request(dict(message), env, self.limits.call_timeout, prefer)
-            except RequestFailed as exc:
-                if exc.kind != NEED_CONFIG or "template" not in message:
-                    raise
-                answer, slot = await self._request({**message, WITH_CONFIG: True}, env,
-                                                   self.limits.call_timeout, prefer)
+            answer, slot = await self._asking(env, message, prefer, withheld)
         except RequestFailed as exc:
             if exc.kind in CALL_ERRORS or exc.kind == NEED_STATE:
                 return outcome({"error": {"type": exc.kind, "message": exc.message}})
@@ -291,6 +291,22 @@ class WorkerPool(Workers):
         if session is not None:
             self._home(session[0], slot, session[1] + 1, answer.get("lane"))
         return outcome(answer)
+
+    async def _asking(self, env: EnvCode, message: frames.Call, prefer: int | None,
+                      withheld: str | None) -> tuple[dict[str, Any], int]:
+        """The worker's answer to a session call, sent again with what the worker asked for: the
+        template's config (``NEED_CONFIG``), the stored text ``withheld`` (``NEED_STATE``)."""
+        attempt: dict[str, Any] = dict(message)
+        while True:
+            try:
+                return await self._request(dict(attempt), env, self.limits.call_timeout, prefer)
+            except RequestFailed as exc:
+                if exc.kind == NEED_CONFIG and "template" in attempt and not attempt.get(WITH_CONFIG):
+                    attempt[WITH_CONFIG] = True
+                elif exc.kind == NEED_STATE and withheld is not None and "state" not in attempt:
+                    attempt.update({"state": withheld, WITH_CONFIG: True})
+                else:
+                    raise
 
     async def score(self, env: EnvCode, state: str, initial: str, checks: list[str]) -> list[dict[str, Any]]:
         if not checks:

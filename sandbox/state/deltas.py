@@ -42,6 +42,24 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def entries_in_place(changes: dict[str, str]) -> dict[str, set[str] | None] | None:
+    """The entries of a delta's fields when each is an entry of an attribute changed in place
+    (``=``), as a watch's footprint; None for any other field (a whole attribute, an entry added,
+    moved or removed, the session's randomness: the whole state is looked at then). A session
+    kept against a template's state with such a delta is rebuilt from the template without its
+    stored text (see ``sandbox.worker.resident``)."""
+    found: dict[str, set[str] | None] = {}
+    for name, value in changes.items():
+        path = json.loads(name)
+        if not (isinstance(path, list) and len(path) == 2 and all(type(p) is str for p in path)) \
+                or value[:1] != "=":
+            return None
+        keys = found.setdefault(path[0], set())
+        assert keys is not None
+        keys.add(path[1])
+    return found
+
+
 class Base:
     """A base's parts as member texts (``"key":text``), made once per base: composing then joins
     texts, whatever the size of the parts nobody changed."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox.state import decoder, encoder, view
-from sandbox.state.deltas import Delta, DeltaError, apply, field
+from sandbox.state.deltas import Delta, DeltaError, apply, entries_in_place, field
 from sandbox.state.parts import Parts, Unwatched, blob, shares
 from sandbox.state.readonly import ReadOnly
 from sandbox.state.view import Diff, no_diff
@@ -166,8 +166,10 @@ class LiveSession:
             answer = self._init(request)
             self._based(request, None)
             return answer, True
-        if "state" in request:
+        if "state" in request or withheld(request):
             if not self._from_template(request):
+                if "state" not in request:  # the template could not make the stored text: it is sent then
+                    return {"error": {"type": answers.NEED_STATE, "message": "the stored state is needed"}}, False
                 self._adopt(request, request["state"])
             self._based(request, request.get("delta"))
         try:
@@ -180,7 +182,8 @@ class LiveSession:
         is the base, or brings the delta the stored state has (``delta``) with the state."""
         wanted = request.get("deltas") is True and (request.get("op") == "init" or isinstance(fields, dict))
         self.delta = Delta(fields) if wanted and self.parts is not None else None
-        self.base_size = len(self.text)
+        # (not joined for this: a state rebuilt from its template without its text has none yet)
+        self.base_size = self.parts.size() if self._text is None and self.parts is not None else len(self.text)
 
     def _init(self, request: dict[str, Any]) -> dict[str, Any]:
         self.stream.begin(request)  # seeded (or not) before ``__init__``, as the request asks
@@ -225,8 +228,10 @@ class LiveSession:
         applying the session's delta to it (``known``: the digest of the base the delta is
         against): decoding only the parts the delta names, not the whole state. False when it
         cannot (another base, a state that is not watched, a delta that does not fit); the
-        caller then decodes the whole state."""
-        fields, text = request.get("delta"), request["state"]
+        caller then decodes the whole state. Without the stored text (``withheld``) only a delta
+        whose every field is an entry changed in place can be applied: each such entry is then
+        checked to encode to the text the delta gives, and the parts joined are the stored text."""
+        fields, text = request.get("delta"), request.get("state")
         if not (self.digest and request.get("known") == self.digest and isinstance(fields, dict)
                 and self.parts is not None and self.parts.watched):
             return False
@@ -245,14 +250,14 @@ class LiveSession:
             self._take_class()
             # Entries changed in place (most deltas, and none at all for a session at its base): only
             # they are looked at, the rest being the template's as its parts say.
-            entries = _entries_in_place(changes) if HIDDEN_FIELD not in fields else None
+            entries = entries_in_place(changes) if HIDDEN_FIELD not in fields else None
             self._sync(entries)
         except (DeltaError, Unwatched, encoder.CodecError, ValueError, TypeError, KeyError, RecursionError):
             return False
         if entries is not None and list(self.parts.parts) == names and self._encode_as(changes):
-            self._text = text  # the stored text itself: nothing is joined
+            self._text = text  # the stored text itself, if sent: nothing is joined
             return True
-        return bool(self.text == text)  # exactly the stored state, or it is decoded after all
+        return text is not None and self.text == text  # exactly the stored state, or it is decoded after all
 
     def _encode_as(self, changes: dict[str, str]) -> bool:
         """Whether each entry ``changes`` names now encodes to the text it gives: the other parts
@@ -424,20 +429,11 @@ class LiveSession:
         return {**answer, "rebase": True}
 
 
-def _entries_in_place(changes: dict[str, str]) -> dict[str, set[str] | None] | None:
-    """The entries of a delta's fields when each is an entry of an attribute changed in place
-    (``=``), as a watch's footprint; None for any other field (a whole attribute, an entry added,
-    moved or removed: the whole state is looked at then)."""
-    found: dict[str, set[str] | None] = {}
-    for name, value in changes.items():
-        path = json.loads(name)
-        if not (isinstance(path, list) and len(path) == 2 and all(type(p) is str for p in path)) \
-                or value[:1] != "=":
-            return None
-        keys = found.setdefault(path[0], set())
-        assert keys is not None
-        keys.add(path[1])
-    return found
+def withheld(request: dict[str, Any]) -> bool:
+    """A call bringing a session's delta against a template's state (``known``) but not its stored
+    text: the service expects the template to make it (see ``sandbox.state.deltas.entries_in_place``)."""
+    return request.get("op") == "call" and "state" not in request and isinstance(request.get("delta"), dict) \
+        and type(request.get("known")) is str
 
 
 def _dumps(value: Any) -> str:

@@ -58,7 +58,7 @@ class Sessions:
         call kept sessions straight), a kept resident the request asks to lend is lent there."""
         session, key = request["session"], request["env"]
         resident = self.residents.get(session)
-        fresh = request["op"] == "init" or "state" in request
+        fresh = request["op"] == "init" or "state" in request or from_template(request)
         if resident is not None and (fresh or resident.env != key or resident.version != request.get("version")):
             self.hosts.end_resident(session)
             resident = None

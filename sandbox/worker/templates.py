@@ -62,8 +62,8 @@ class Templates:
             template.used = time.monotonic()
             templates[key] = template  # most recently used last
             return template
-        if request.get("op") != "init" and len(request.get("state") or "") < TEMPLATE_REBUILD_BYTES:
-            return None  # a small state decodes faster than a template builds
+        if request.get("op") != "init" and "state" in request and len(request["state"]) < TEMPLATE_REBUILD_BYTES:
+            return None  # a small state decodes faster than a template builds (without it, the template must)
         if omitted:
             raise Failure(answers.NEED_CONFIG, "the template is not built in this worker")
         while len(templates) >= MAX_TEMPLATES:
@@ -116,6 +116,6 @@ class Templates:
 
 
 def from_template(request: dict[str, Any]) -> bool:
-    """A call bringing a state kept against a template's initial state (see ``sandbox.pool.calls.Stored``)."""
-    return request["op"] == "call" and "state" in request and isinstance(request.get("delta"), dict) \
-        and type(request.get("known")) is str
+    """A call bringing a state kept against a template's initial state (see ``sandbox.pool.calls.Stored``),
+    its stored text or not (``resident.withheld``)."""
+    return request["op"] == "call" and isinstance(request.get("delta"), dict) and type(request.get("known")) is str

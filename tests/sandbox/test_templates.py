@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.pool.calls import EnvCode, Stored
+from sandbox.pool.calls import CallOutcome, EnvCode, Stored
 from sandbox.pool.requests import WorkerPool
 from sandbox.state.deltas import Base, compose
 from tests.sandbox.calls import session_call
@@ -178,3 +178,39 @@ async def test_a_cold_session_rebuilt_from_its_template_and_delta_is_exactly_its
             shown = json.loads(compose(Base(base), fields))["items"]
             assert {item: entry["stock"] for item, entry in shown.items()} == expected
             assert list(shown) == list(expected)  # (the order the plain class keeps)
+
+
+async def test_a_rebuild_from_the_template_leaves_the_stored_text_in_the_service(pool_factory: Any) -> None:
+    """A scenario's state may be megabytes: a cold session whose delta only changed entries in place
+    is rebuilt from the template and the delta, and its stored text never crosses to the worker. A
+    delta that added an entry, or a base the template does not hold, still takes the text (the
+    worker asks for it), and every rebuild answers exactly the stored state."""
+    async with pool_factory(size=1) as pool:
+        config = {"count": 0, "items": {f"i{n}": {"stock": n} for n in range(50)}}
+        base = await pool.init_state(SHOP, config, session="seed", template="t-text", deltas=True)
+        digest = hashlib.sha256(base.encode()).hexdigest()
+        sent: list[dict[str, Any]] = []
+        request = pool._request
+
+        async def spy(message: dict[str, Any], *args: Any) -> Any:
+            if message.get("op") == "call":
+                sent.append(dict(message))
+            return await request(message, *args)
+
+        pool._request = spy  # type: ignore[method-assign]
+
+        async def rebuilt(session: str, fields: dict[str, str], known: str = digest) -> Any:
+            stored = Stored(compose(Base(base), fields), dict(fields), template="t-text", init_config=config, base=known)
+            sent.clear()
+            outcome = await pool.session_call(SHOP, session, 3, "stocks", {}, stored, deltas=True)
+            assert isinstance(outcome, CallOutcome) and outcome.ok, outcome
+            return outcome.result, ["state" in message for message in sent]
+
+        in_place = {'["items","i3"]': '={"stock":99}'}
+        assert await rebuilt("a", in_place) == ({**{f"i{n}": n for n in range(50)}, "i3": 99}, [False])
+        assert await rebuilt("b", {}) == ({f"i{n}": n for n in range(50)}, [False])  # a group's new member
+        added = {'["items","new"]': '+0:{"stock":5}'}
+        assert await rebuilt("c", added) == ({**{f"i{n}": n for n in range(50)}, "new": 5}, [True])
+        # (a base the template does not hold: the worker asks for the text, and decodes it)
+        assert await rebuilt("d", in_place, known="0" * 64) == \
+            ({**{f"i{n}": n for n in range(50)}, "i3": 99}, [False, True])
