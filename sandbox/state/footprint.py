@@ -8,15 +8,20 @@ do, such a tool may store into, delete from, or call a changing method (``append
 parameters (never rebound), directly or through a local bound only to a path below that entry
 (every binding of its name counts: a lambda parameter, a loop, comprehension or ``except``
 target of the same name makes it no alias). ``self.A.get(p)`` is that entry too, or ``None`` (or
-a constant default) when there is none: on a watched state ``A`` is a builtin container, and of
-those only a ``dict`` has ``get``, so ``a = self.accounts.get(p); a["note"] = x`` is confined
-as ``self.accounts[p]["note"] = x`` is (a default that is not a constant could be another part
-of the state, and leaves the tool unproven). So is what a read-only helper of the class returns
-when its body is one ``return`` of such an entry of what it is given or of its own attribute,
-with a constant the other way of a test if any: ``self._lookup(self.accounts, p)`` with
-``return table.get(key) if isinstance(key, str) else None``, or ``self._find(p)`` with
-``return self.accounts.get(key)``. A loop or comprehension target is never a place
-in the state: ``for self.A[p] in ...`` leaves the tool unproven, as the read-only proof does.
+the default) when there is none: on a watched state ``A`` is a builtin container, and of those
+only a ``dict`` has ``get``, so ``a = self.accounts.get(p); a["note"] = x`` is confined as
+``self.accounts[p]["note"] = x`` is. The default must be a literal (a constant, ``{}``, ``[]``,
+displays of those): a new object at each call, which nothing of the state holds; any other
+could be another part of the state, and leaves the tool unproven. Below an entry, ``x.get(k)``
+(a literal default again) and ``x.setdefault(k, d)`` are within it; ``self.A.setdefault(p, d)``
+is the entry ``A[p]``, added when missing (the watch then looks at all of ``A``). So is what a
+read-only helper of the class gives back when each of its ``return`` gives one such entry of
+what it is given or of its own attribute (or a constant), directly, as one side of a test with a
+constant, or through a local bound only to it: ``self._lookup(self.accounts, p)`` with ``return
+table.get(key) if isinstance(key, str) else None``, ``self._find(p)`` with ``return
+self.accounts.get(key)``, or a helper that checks, raises, and returns ``self.accounts[key]``.
+A loop or comprehension target is never a place in the state: ``for self.A[p] in ...`` leaves
+the tool unproven, as the read-only proof does.
 What it stores, and the arguments of those methods, must be *fresh*: constants, its parameters
 (each call gets a copy of its arguments), numbers and strings it computed (a number scaled by
 anything but a constant, ``n *= x``, may be a copy of a list: it is not one), and containers of
@@ -47,8 +52,10 @@ class Confined(_Body):
         self.roots: dict[str, tuple[str, str]] = {}  # local -> the entry it is (a path below)
         self.footprint: set[tuple[str, str]] = set()
         self.removes: set[tuple[str, str]] = set()  # entries it may delete (and so move, re-added)
+        self.called: dict[int, ast.Call] = {}  # the calls, by the id of what is called
 
     def proven(self) -> bool:
+        self.called = {id(node.func): node for node in ast.walk(self.node) if isinstance(node, ast.Call)}
         self._find_roots()
         return super().proven() and bool(self.footprint)
 
@@ -83,15 +90,14 @@ class Confined(_Body):
         if isinstance(chain, ast.Name) and chain.id in self.roots:
             return self.roots[chain.id]
         if isinstance(chain, ast.Call):
-            return self._got(chain) or self._helped(chain)
+            return self._got(chain) or self._helped(chain) or self._below(chain) or self._added(chain)
         return None
 
     def _got(self, node: ast.Call) -> tuple[str, str] | None:
-        """``self.A.get(p)``, with no default or a constant one: the entry ``A[p]`` when there is
-        one (else the default, which holds nothing of the state)."""
+        """``self.A.get(p)``, with no default or a literal one: the entry ``A[p]`` when there is
+        one (else the default, a new object that holds nothing of the state)."""
         func = node.func
-        if not (isinstance(func, ast.Attribute) and func.attr == "get" and not node.keywords
-                and 1 <= len(node.args) <= 2 and all(isinstance(arg, ast.Constant) for arg in node.args[1:])):
+        if not (isinstance(func, ast.Attribute) and func.attr == "get" and _lookup(node)):
             return None
         owner = func.value
         if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
@@ -121,6 +127,33 @@ class Confined(_Body):
         if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
             return None
         return self._entry(owner.attr, given[key])
+
+    def _below(self, node: ast.Call) -> tuple[str, str] | None:
+        """``x.get(k)`` (no default or a literal one) or ``x.setdefault(k, d)`` of an ``x`` that is
+        an entry or below one: that entry, or what is below it, or the default, which is a new
+        object (``get``) or now stored below the entry (``setdefault``, whose arguments ``_call``
+        checks are fresh). On a watched state ``x`` is a builtin container: only a ``dict`` has
+        these methods, and they do no more than that."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr in ("get", "setdefault")):
+            return None
+        if func.attr == "get" and not _lookup(node):
+            return None
+        if func.attr == "setdefault" and not _settable(node):
+            return None
+        return self._root(func.value)
+
+    def _added(self, node: ast.Call) -> tuple[str, str] | None:
+        """``self.A.setdefault(p, d)``: the entry ``A[p]``, which the call adds (``d``, checked fresh
+        by ``_call``) when there is none (an entry added makes the watch look at the whole of
+        ``A``: see ``parts._footprint_entries``)."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "setdefault" and _settable(node)):
+            return None
+        owner = func.value
+        if not (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+            return None
+        return self._entry(owner.attr, node.args[0])
 
     def _entry(self, attribute: str, key: ast.AST) -> tuple[str, str] | None:
         if attribute.startswith("_") or not isinstance(key, ast.Name) or key.id not in self.params:
@@ -161,7 +194,8 @@ class Confined(_Body):
 
     def _attribute(self, node: ast.Attribute) -> bool:
         if node.attr in CHANGING and id(node) in self.calls:
-            root = self._root(node.value)
+            call = self.called.get(id(node))
+            root = self._root(node.value) or (None if call is None else self._added(call))
             if root is not None:
                 self.footprint.add(root)
                 return True
@@ -169,7 +203,8 @@ class Confined(_Body):
 
     def _call(self, node: ast.Call) -> bool:
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in CHANGING and self._root(func.value) is not None:
+        if isinstance(func, ast.Attribute) and func.attr in CHANGING \
+                and (self._root(func.value) is not None or self._added(node) is not None):
             return all(self._fresh(arg) for arg in node.args) and all(self._fresh(k.value) for k in node.keywords)
         return super()._call(node)
 
@@ -203,22 +238,53 @@ class Confined(_Body):
 
 
 def _returned(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], str, str] | None:
-    """A helper whose body is one ``return`` of an entry: ``t.get(k)``, ``t.get(k, <constant>)`` or
-    ``t[k]``, alone or as one side of a test whose other side is a constant, where ``k`` is one of
-    its parameters and ``t`` another or ``self.<attribute>`` (then ``t`` is that attribute's
-    name, marked by a leading dot). Its parameters after ``self``, ``t`` and ``k``; else None."""
+    """A helper (proven read-only by the caller) each of whose ``return`` gives back one entry, or a
+    constant: ``t.get(k)``, ``t.get(k, <literal>)`` or ``t[k]``, alone or as one side of a test
+    whose other side is a constant, or a local bound only to such an entry (and to constants),
+    where ``k`` is one of its parameters and ``t`` another or ``self.<attribute>`` (then ``t`` is
+    that attribute's name, marked by a leading dot); falling off its end gives back None. So
+    ``found = self.accounts.get(key); if found is None: raise KeyError(key); return found`` is
+    one. Its parameters after ``self``, ``t`` and ``k``; else None."""
     arguments = node.args
     if isinstance(node, ast.AsyncFunctionDef) or node.decorator_list or arguments.posonlyargs or arguments.vararg \
             or arguments.kwonlyargs or arguments.kwarg or arguments.defaults or not arguments.args:
         return None
     params = [arg.arg for arg in arguments.args[1:]]
-    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) \
-        and isinstance(node.body[0].value, ast.Constant) else node.body  # (a docstring)
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+    owner = arguments.args[0].arg == "self"
+    # The locals bound only to one entry (a constant now and then aside), by every binding of
+    # their name (``readonly._bound``: a loop target or ``:=`` of the same name makes none).
+    bound: dict[str, set[tuple[str, str] | None]] = {}
+    for name, how in _bound(node):
+        if name in params:
+            return None  # (the read-only proof allows no such binding either)
+        found = bound.setdefault(name, set())
+        if not isinstance(how, ast.Constant):  # (a constant holds nothing of the state)
+            found.add(_entry_of(how, params, owner) if isinstance(how, ast.expr) else None)
+    aliases = {name: {entry for entry in found if entry is not None} for name, found in bound.items()
+               if None not in found and len(found) <= 1}
+    given: set[tuple[str, str]] = set()
+    for statement in ast.walk(node):
+        if not isinstance(statement, ast.Return) or statement.value is None \
+                or isinstance(statement.value, ast.Constant):
+            continue
+        value = statement.value
+        if any(isinstance(part, (ast.NamedExpr, ast.Lambda)) for part in ast.walk(value)):
+            return None  # nothing in it rebinds a name
+        if isinstance(value, ast.Name) and value.id in aliases:
+            given |= aliases[value.id]
+            continue
+        entry = _entry_of(value, params, owner)
+        if entry is None:
+            return None
+        given.add(entry)
+    if len(given) != 1:
         return None
-    value = body[0].value
-    if any(isinstance(part, (ast.NamedExpr, ast.Lambda)) for part in ast.walk(value)):
-        return None  # nothing in it rebinds a name
+    table, key = given.pop()
+    return params, table, key
+
+
+def _entry_of(value: ast.expr, params: list[str], owner: bool) -> tuple[str, str] | None:
+    """The entry ``value`` gives back, as ``_returned`` names it: ``(t, k)``; else None."""
     if isinstance(value, ast.IfExp):
         if isinstance(value.orelse, ast.Constant):
             value = value.body
@@ -229,16 +295,39 @@ def _returned(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], 
     if isinstance(value, ast.Subscript):
         table, key = value.value, value.slice
     elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get" \
-            and not value.keywords and 1 <= len(value.args) <= 2 \
-            and all(isinstance(arg, ast.Constant) for arg in value.args[1:]):
+            and _lookup(value):
         table, key = value.func.value, value.args[0]
     else:
         return None
     if not (isinstance(key, ast.Name) and key.id in params):
         return None
     if isinstance(table, ast.Name) and table.id in params and table.id != key.id:
-        return params, table.id, key.id
-    if isinstance(table, ast.Attribute) and isinstance(table.value, ast.Name) and table.value.id == "self" \
-            and arguments.args[0].arg == "self":
-        return params, "." + table.attr, key.id
+        return table.id, key.id
+    if isinstance(table, ast.Attribute) and isinstance(table.value, ast.Name) and table.value.id == "self" and owner:
+        return "." + table.attr, key.id
     return None
+
+
+def _lookup(node: ast.Call) -> bool:
+    """The arguments of a ``get`` that gives back an entry or a new object: a key, and no default
+    or a literal one."""
+    return not node.keywords and 1 <= len(node.args) <= 2 and not isinstance(node.args[0], ast.Starred) \
+        and all(_literal(arg) for arg in node.args[1:])
+
+
+def _settable(node: ast.Call) -> bool:
+    """The arguments of a ``setdefault``: a key and a default, none unpacked (``*args`` could
+    carry a default ``_call`` does not see)."""
+    return not node.keywords and 1 <= len(node.args) <= 2 and not any(isinstance(arg, ast.Starred) for arg in node.args)
+
+
+def _literal(node: ast.expr) -> bool:
+    """A constant, or a display of literals (``{}``, ``[]``, ``{"tags": []}``): a new object at
+    each run, which nothing else holds."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return all(_literal(item) for item in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(key is not None and _literal(key) for key in node.keys) and all(map(_literal, node.values))
+    return False

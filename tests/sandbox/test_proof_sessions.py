@@ -14,6 +14,7 @@ import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from sandbox.state.readonly import ReadOnly
 from sandbox.worker.resident import CLASS_FIELD, instantiate, public_state
 from tests.sandbox.test_residents import Stored
 
@@ -125,3 +126,68 @@ async def test_a_tool_on_an_instance_given_another_class_is_not_taken_for_read_o
         await _calls(pool, env, plain, stored, "s1",
                      [("balance_of", {}), ("freeze", {}), ("balance_of", {}), ("withdraw", {}), ("balance_of", {})])
         assert plain.state() == {"balance": 10, "reads": 2, CLASS_FIELD: "FrozenAccount"}
+
+
+LEDGER = '''
+class Ledger:
+    def __init__(self, config=None):
+        self.accounts = {f"A{i}": {"note": "", "tags": ["retail"]} for i in range(40)}
+        self.log = ["opened"]
+
+    def _require(self, account_id):
+        if account_id not in self.accounts:
+            raise KeyError(account_id)
+        return self.accounts[account_id]
+
+    def _or_log(self, account_id):
+        found = self.accounts.get(account_id)
+        if found is None:
+            return self.log
+        return found
+
+    def note(self, account_id, text="n"):
+        account = self._require(account_id)
+        account["note"] = text
+        return account
+
+    def remember(self, account_id, text="n"):
+        account = self.accounts.get(account_id, {})
+        account.setdefault("history", []).append(text)
+        return len(account)
+
+    def open(self, account_id, tag="t"):
+        self.accounts.setdefault(account_id, {"note": "", "tags": []})["tags"].append(tag)
+        return sorted(self.accounts)[-1]
+
+    def tag(self, account_id, tag="t"):
+        tags = self.accounts[account_id].get("tags", [])
+        tags.append(tag)
+
+    def stray(self, account_id, text="n"):
+        found = self._or_log(account_id)
+        if isinstance(found, list):
+            found.append(text)
+'''
+
+
+async def test_entries_named_through_helpers_get_and_setdefault_are_kept_as_the_class_keeps_them(
+        pool_factory: Any) -> None:
+    """Tools confined through a helper that checks then returns, ``.get`` with a literal default,
+    ``setdefault`` below an entry and of a new entry (which moves none but adds one), and a helper
+    that may give back another attribute (not confined): each state as the class's run plainly."""
+    env = EnvCode("proof-ledger", "proof_ledger", "Ledger", LEDGER)
+    plain = Plain(LEDGER, "Ledger")
+    proof = ReadOnly(plain.module, LEDGER, plain.module.Ledger)
+    assert set(proof.confined) == {"note", "remember", "open", "tag"}  # (``stray`` is not: it may reach ``log``)
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("note", {"account_id": "A3", "text": "first"}), ("remember", {"account_id": "A3", "text": "x"}),
+        ("remember", {"account_id": "B9", "text": "y"}), ("open", {"account_id": "A7", "tag": "gold"}),
+        ("open", {"account_id": "B1", "tag": "new"}), ("note", {"account_id": "B1", "text": "added"}),
+        ("tag", {"account_id": "A5"}), ("stray", {"account_id": "A2", "text": "bad"}),
+        ("stray", {"account_id": "Z0", "text": "logged"}), ("open", {"account_id": "B1", "tag": "again"}),
+        ("remember", {"account_id": "B1", "text": "z"}),
+    ]
+    async with pool_factory(size=1) as pool:
+        stored = Stored(await pool.init_state(env, {}, "s1"))
+        await _calls(pool, env, plain, stored, "s1", calls)
+    assert plain.state()["log"] == ["opened", "logged"] and "B1" in plain.state()["accounts"]

@@ -95,6 +95,37 @@ class Env:
         found = table.get(key)
         return found
 
+    def _require(self, key):
+        if key not in self.items:
+            raise KeyError(key)
+        return self.items[key]
+
+    def _found(self, key):
+        found = None
+        if key in self.items:
+            found = self.items[key]
+        return found
+
+    def _stray(self, key):
+        found = self.items.get(key)
+        if found is None:
+            return self.log
+        return found
+
+    def _rebound(self, key):
+        found = self.items.get(key)
+        for found in self.log:
+            pass
+        return found
+
+    def _either(self, key, other):
+        if key == other:
+            return self.items.get(other)
+        return self.items.get(key)
+
+    def _fallback(self, key):
+        return self.items.get(key, self.log)
+
     def _peek(self):
         return self.log
 
@@ -144,13 +175,18 @@ ENTRY_STORES = ["self.items[key]", "self.items[key]['n']", "self.items[key]['tag
 # Changes of the entry ``self.items[key]`` alone, one of which a tool drawn for them makes.
 ENTRY_WRITES = ["self.items[key]['n'] = 0", "r['tags'].append(key)", "self.items[key]['tags'] += [1]",
                 "del self.items[key]['tags']", "r['n'] += 1", "self.items[key] = {'tags': [key], 'n': 0}",
-                "del self.items[key]", "self.items[key]['tags'].sort()", "r['tags'].extend([n, key])"]
+                "del self.items[key]", "self.items[key]['tags'].sort()", "r['tags'].extend([n, key])",
+                "r.setdefault('log', []).append(n)", "r.get('tags', []).append(key)",
+                "self.items[key].setdefault('seen', {})['k'] = n", "self.items.setdefault(key, {'tags': []})['tags'].append(1)"]
 # How a tool names the entry ``self.items[key]`` (or another) before it changes it through ``r``.
 ENTRIES = ["self.items[key]", "self.items[key]", "self.items.get(key)", "self.items.get(key, None)",
            "self.items.get(other)", "self.items.get(key, self.seen)", "self.items.get(key, {})",
            "self.items.get(key, 'none')", "self.items.get(key)['tags']", "self._look(key)", "self._lookup(self.items, key)",
            "self._lookup(self.items, other)", "self._lookup(self.seen, key)", "self._lookup(y, key)",
-           "self._first(self.items, key)", "self._lookup(self.items, key)['tags']"]
+           "self._first(self.items, key)", "self._lookup(self.items, key)['tags']", "self._require(key)",
+           "self._found(key)", "self._stray(key)", "self._rebound(key)", "self._either(key, other)", "self._fallback(key)",
+           "self.items.setdefault(key, {'tags': [], 'n': 0})", "self.items.setdefault(key, self.seen)",
+           "self.items.get(key, [self.log])", "self.items.get(key, {'tags': []})", "self.items[key].get('tags')"]
 LOOP_LOCALS = ["t", "(t, u)", "[t, *u]", "made[0]"]
 LOOP_STORES = ["self.cursor", "self.best", "self.seen['last']", "self.items[key]['n']", "(t, self.best)", "x[0]",
                "[t, *self.log]", "r['n']"]
@@ -171,6 +207,9 @@ SPECIALS = [
     "[r.clear() for r in [self.log]]", "repr(self._look)", "f'{self._peek}'", "str([self._peek])",
     "'{0.__self__.size}'.format(self._look)", "'{0.__self__.log[0]}'.format(self._peek)", "key.format(self._peek)",
     "'{.__closure__}'.format(lambda: self.log)", "list(map(self._look, [key]))",
+    "r.setdefault('tags', self.log).append(1)", "r.get('tags', self.log).append(1)", "r.get(*['tags', self.log]).append(1)",
+    "r.setdefault(*['tags', self.log]).append(1)", "self.items.setdefault(key, self.log).append(1)",
+    "self.LIMITS.setdefault(key, []).append(1)", "self.items.setdefault('a', {}).update(n=1)",
 ]
 SAFE_SPECIALS = ["max(self.scores, default=0)", "list(map(lambda v: len(v), [self.log]))", "sorted(self.log, key=lambda v: v)",
                  "list(map(made.append, [1, 2]))", "f'{self.cursor}'", "self._look(key)", "self.items.get(key, {})"]
@@ -496,48 +535,6 @@ def test_a_lambda_parameter_is_not_an_alias_of_an_entry() -> None:
     module = _compiled(_source(body))
     assert module is not None
     assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "a", "other": "b"}) is None
-
-
-def test_an_entry_named_through_get_is_confined_as_a_subscript_is() -> None:
-    """``a = self.accounts.get(p); a["note"] = x``, the way tools are commonly written, is proven
-    as ``self.accounts[p]["note"] = x`` is, and so is an entry a helper of one ``return`` gives
-    back (the bundled catalog's ``self._lookup(self.accounts, p)``); a default that could be part
-    of the state is not."""
-    confined = {
-        "get": "r = self.items.get(key)\nif r is None:\n    return 'none'\nr['n'] = 5",
-        "get_none": "r = self.items.get(key, None)\nif not r:\n    return 'none'\nr['tags'].append(1)",
-        "below": "t = self.items.get(key)['tags']\nt.append(n)",
-        "chained": "self.items.get(key)['n'] += 1",
-    }
-    for name, body in confined.items():
-        module = _compiled(_source("n = 0\n" + body))
-        assert module is not None
-        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
-        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
-        for key in ("a", "zz"):
-            assert unsound("n = 0\n" + body, key, "b") is None, name
-    helped = {
-        "own_attribute": "r = self._look(key)\nif r is None:\n    return 'none'\nr['n'] = 5",
-        "given_table": "r = self._lookup(self.items, key)\nif not r:\n    return 'none'\nr['tags'].append(n)",
-        "below": "t = self._lookup(self.items, key)['tags']\nt.append(1)",
-    }
-    for name, body in helped.items():
-        module = _compiled(_source("n = 0\n" + body))
-        assert module is not None
-        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
-        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
-        for key in ("a", "zz"):
-            assert unsound("n = 0\n" + body, key, "b") is None, name
-    # a helper that binds a local first, a table that is no attribute of the instance: no proof
-    for body in ("r = self._first(self.items, key)\nr['n'] = 5", "y = self.seen\nr = self._lookup(y, key)\nr['n'] = 5"):
-        module = _compiled(_source(body))
-        assert module is not None
-        assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "a", "other": "b"}) is None, body
-    for default in ("self.seen", "{}", "[]", "self.items['b']", "key"):
-        body = f"r = self.items.get(key, {default})\nr['n'] = 5"
-        module = _compiled(_source(body))
-        assert module is not None
-        assert ReadOnly(module, _source(body), module.Env).footprint("tool", {"key": "zz", "other": "b"}) is None, default
 
 
 def test_a_number_scaled_by_a_list_is_no_longer_fresh() -> None:

@@ -41,6 +41,18 @@ class Env:
 
     def _look(self, key):
         return self.items.get(key)
+
+    def _need(self, key):
+        item = self.items.get(key)
+        if item is None:
+            raise KeyError(key)
+        return item
+
+    def _or_log(self, key):
+        item = self.items.get(key)
+        if item is None:
+            return self.log
+        return item
 '''
 
 PROVEN = {
@@ -116,6 +128,11 @@ CONFINED = {
     "deep_alias": ('tags = self.items[key]["tags"]\n        tags.extend([1, 2])\n        return self._look(key)',
                    {("items", "key")}),
     "drop": ('del self.items[key]["tags"]', {("items", "key")}),
+    "checked_helper": ('item = self._need(key)\n        item["n"] = 0', {("items", "key")}),
+    "setdefault_below": ('item = self.items.get(key)\n        if item is None:\n            return None\n'
+                         '        item.setdefault("log", []).append(key)', {("items", "key")}),
+    "setdefault_entry": ('self.items.setdefault(key, {"tags": [], "n": 0})["tags"].append(1)', {("items", "key")}),
+    "literal_default": ('item = self.items.get(key, {})\n        item["n"] = 1', {("items", "key")}),
 }
 
 NOT_CONFINED = {
@@ -128,6 +145,10 @@ NOT_CONFINED = {
     "class_attribute": 'self.LIMITS[key] = 1',
     "rebind": 'key = "a"\n        self.items[key]["n"] = 0',
     "log": 'self.items[key]["n"] = 0\n        self.log.append(key)',
+    "setdefault_shared": 'self.items[key].setdefault("tags", self.log).append(1)',
+    "setdefault_entry_shared": 'self.items.setdefault(key, self.items["a"])["n"] = 0',
+    "default_of_the_state": 'item = self.items.get(key, self.log)\n        item.append(1)',
+    "helper_or_log": 'item = self._or_log(key)\n        item.append(1)',
 }
 
 
