@@ -7,6 +7,8 @@ A backend only knows how to start one worker (a process, a container) and hand b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,8 +23,45 @@ GUARD_MARGIN = 5.0
 # Memory a worker may use beyond the per-call limit and its live sessions (itself, its
 # environment hosts, the fork's copy).
 WORKER_MEMORY_OVERHEAD_MB = 128
+# The least a worker's live sessions get when the machine's memory is shared out among workers.
+MIN_RESIDENT_MB = 256
 # How a worker's channel fails when the worker is gone (a closed transport raises RuntimeError).
 LOST = (protocol.ProtocolError, OSError, EOFError, asyncio.IncompleteReadError, RuntimeError)
+
+
+def resident_share(limits: Limits, workers: int) -> Limits:
+    """``limits`` with ``resident_memory_mb`` set: when it is -1, half the memory this service may
+    use (the machine's, or its own memory cgroup's limit if lower), shared among ``workers``, and
+    at least ``MIN_RESIDENT_MB`` each. The other half is the service's, Redis's and the calls'."""
+    if limits.resident_memory_mb >= 0:
+        return limits
+    share = usable_memory_mb() // 2 // max(1, workers)
+    return dataclasses.replace(limits, resident_memory_mb=max(MIN_RESIDENT_MB, share))
+
+
+def usable_memory_mb() -> int:
+    """The machine's memory, or this process's memory cgroup limit (v2 or v1) if lower, in MB."""
+    found = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/self/cgroup") as listing:
+            groups = dict(line.rstrip("\n").split(":", 2)[1:] for line in listing)
+    except (OSError, ValueError):
+        groups = {}
+    candidates = []
+    if "" in groups:
+        candidates.append(f"/sys/fs/cgroup{groups['']}/memory.max")
+    for controllers, path in groups.items():
+        if "memory" in controllers.split(","):
+            candidates.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+    for candidate in candidates:
+        try:
+            with open(candidate) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found = min(found, int(text))
+    return found >> 20
 
 
 def worker_memory_mb(limits: Limits) -> int:

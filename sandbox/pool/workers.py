@@ -21,7 +21,7 @@ from typing import Any
 from sandbox import lane
 from sandbox.errors import SandboxBusy, WorkerLost
 from sandbox.pool.calls import EnvCode, request_failed
-from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Ending, Worker, WorkerMemory, spawn
+from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Ending, Worker, WorkerMemory, resident_share, spawn
 from sandbox.wire import protocol
 from sandbox.wire.limits import Limits
 
@@ -64,7 +64,7 @@ class Workers:
     ) -> None:
         self.backend = backend
         self.size = size
-        self.limits = limits
+        self.limits = resident_share(limits, size)
         self.max_requests = max_requests
         self.acquire_timeout = acquire_timeout
         self.containment: dict[str, Any] = {}

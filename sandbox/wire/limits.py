@@ -61,10 +61,14 @@ class Limits:
                                              "live sessions (residents 0), no call straight to a session's "
                                              "process, no initial state forked from a template.",
                                       setting="rebuild_every_call")
-    resident_memory_mb: int = _limit(2048, "Memory a sandbox worker's live sessions may hold, as measured from "
-                                          "its memory cgroup; past it the least recently used go cold (their "
-                                          "next call rebuilds them from the store).", setting="resident_memory_mb",
-                                     ge=0)
+    # Sized by the machine unless set: a batch's live sessions should go cold under real memory
+    # pressure only, and a fixed figure is either too small for a large machine or more than a
+    # small one has (see ``sandbox.pool.worker.resident_share``).
+    resident_memory_mb: int = _limit(-1, "Memory a sandbox worker's live sessions may hold, as measured from "
+                                        "its memory cgroup; past it the least recently used go cold (their "
+                                        "next call rebuilds them from the store). -1: half the memory the "
+                                        "service may use (the machine's, or its memory cgroup's if less), "
+                                        "shared among the workers.", setting="resident_memory_mb", ge=-1)
     # (the service keeps it within the session TTL: a live session never outlives its stored session)
     resident_idle: float = _limit(600.0, "Seconds an unused live session keeps its process.",
                                   flag="--resident-idle")

@@ -8,12 +8,15 @@ rebuilds them from the stored state), and no call fails for another session's me
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from sandbox.pool.worker import MIN_RESIDENT_MB, resident_share, usable_memory_mb, worker_memory_mb
+from sandbox.wire.limits import Limits
 from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
@@ -60,3 +63,19 @@ async def test_under_memory_pressure_the_least_recently_used_live_sessions_go_co
         assert memory.limit is not None and memory.used is not None and memory.used < memory.limit
         assert memory.evicted > 0 and 0 < memory.live < len(sessions), memory
         assert pool.rebuilt_calls > 0
+
+
+def test_by_default_live_sessions_share_half_the_memory_the_service_may_use() -> None:
+    """A batch's live sessions go cold under real memory pressure, not at a fixed figure: unset,
+    each worker's share is half the machine's memory (or the service's cgroup limit) over the
+    workers; a value set is kept as it is."""
+    usable = usable_memory_mb()
+    assert 0 < usable <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    assert Limits().resident_memory_mb == -1
+    for workers in (1, 2, 8):
+        share = resident_share(Limits(), workers).resident_memory_mb
+        assert share == max(MIN_RESIDENT_MB, usable // 2 // workers)
+        assert worker_memory_mb(resident_share(Limits(), workers)) == Limits().memory_mb + 128 + share
+    assert resident_share(Limits(resident_memory_mb=300), 2).resident_memory_mb == 300
+    assert resident_share(Limits(resident_memory_mb=0), 2).resident_memory_mb == 0  # (nothing kept live)
+    assert resident_share(Limits(), 100_000).resident_memory_mb == MIN_RESIDENT_MB
