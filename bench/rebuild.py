@@ -8,7 +8,7 @@ holds a scenario's initial state in ``init_config`` as a template (``--size`` or
 4 KB of JSON), and each of ``--sessions`` sessions stored as that template's state plus a
 one-order delta is called once, cold, then ended: a rebuild as a fork of the template with the
 delta applied, the call, and the process's end, which a full worker pays for each session it
-rebuilds. The same with the state decoded whole (no template), a call on a live session, and
+rebuilds; ``--live`` more sessions of the template stay live meanwhile, as in a batch. The same with the state decoded whole (no template), a call on a live session, and
 a bare ``fork`` + ``_exit`` + ``waitpid`` of a process the size of this one, all measured in
 this run.
 
@@ -84,6 +84,8 @@ async def measure(args: argparse.Namespace, group: CpuGroup) -> dict[str, float]
     pool = WorkerPool(ProcessBackend(), 1, Limits(call_timeout=30.0))
     await pool.start()
     try:
+        for i in range(args.live):  # live sessions of the template beside those measured
+            await pool.init_state(ENV, config, session=f"live-{i}", template=TEMPLATE, deltas=True)
         base = await pool.init_state(ENV, config, session="first", template=TEMPLATE, deltas=True)
         digest = pool._initial[TEMPLATE][0]
         order = next(iter(config["orders"]))
@@ -130,6 +132,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--size", type=int, default=16, help="orders in the template's state (16: about 4 KB)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--live", type=int, default=0, help="live sessions the worker holds meanwhile")
     args = parser.parse_args()
     try:
         group = CpuGroup()
@@ -140,7 +143,8 @@ def main() -> None:
     finally:
         group.leave()
     found = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-    print(f"{args.sessions} sessions x {args.repeat} runs, {args.size} orders in init_config, one process worker; "
+    print(f"{args.sessions} sessions x {args.repeat} runs, {args.size} orders in init_config, one process worker "
+          f"holding {args.live} other live sessions; "
           f"CPU per session (median of runs), load average {os.getloadavg()[0]:.1f}")
     for name, label in (("template", "rebuild: fork of the template + delta, call, end"),
                         ("decoded", "rebuild: state decoded whole, call, end"),

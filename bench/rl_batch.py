@@ -172,7 +172,9 @@ def make_sessions(http: httpx.Client, scenario: str, count: int) -> tuple[list[s
         started = time.perf_counter()
         answer = http.post("/v1/sessions", json={"scenario_id": scenario, "n": min(GROUP, count - len(made))})
         took.append(time.perf_counter() - started)
-        answer.raise_for_status()
+        if answer.status_code != 201:
+            raise SystemExit(f"creating sessions of {scenario} failed after {len(made)}: {answer.status_code} "
+                             f"{answer.text[:500]}")
         made.extend(answer.json()["session_ids"])
     return made, statistics.mean(took) * 1000
 

@@ -7,12 +7,12 @@ message of their own, read only when a frame announced them. Standard library on
 
 from __future__ import annotations
 
-import select
 import socket
 import time
 from typing import Any
 
 from sandbox.wire import protocol
+from sandbox.worker import polling
 
 FDS_MARK = b"F"
 
@@ -32,8 +32,7 @@ def _exact(sock: socket.socket, size: int, deadline: float, cap: int) -> bytes |
         wait = deadline - time.monotonic()
         if wait <= 0:
             return None
-        ready, _, _ = select.select([sock], [], [], wait)
-        if not ready:
+        if not polling.ready(sock, wait):
             continue
         chunk = sock.recv(min(remaining, 1 << 20))
         if not chunk:
@@ -58,7 +57,7 @@ def receive(sock: socket.socket, deadline: float, cap: int = protocol.MAX_FRAME_
 
 def receive_fds(sock: socket.socket, count: int, deadline: float) -> list[int] | None:
     wait = deadline - time.monotonic()
-    if wait <= 0 or not select.select([sock], [], [], wait)[0]:
+    if wait <= 0 or not polling.ready(sock, wait):
         return None
     mark, fds, _, _ = socket.recv_fds(sock, len(FDS_MARK), count)
     if mark != FDS_MARK or len(fds) != count:

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import resource
-import select
 import signal
 import struct
 import sys
@@ -29,6 +28,7 @@ from typing import Any, BinaryIO, NoReturn, Protocol
 from sandbox.wire import protocol
 from sandbox.wire.answers import ToolError, error
 from sandbox.wire.limits import DEFAULTS
+from sandbox.worker import polling
 from sandbox.worker.confine import contain, landlock, seccomp
 
 # Error types of the API contract (see ``sandbox.wire.answers.ToolError``).
@@ -301,8 +301,7 @@ def read_answer(answer_fd: int, deadline: float, cap: int, *, keep_open: bool = 
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None, "timeout"
-            ready, _, _ = select.select([answer_fd], [], [], remaining)
-            if not ready:
+            if not polling.ready(answer_fd, remaining):
                 continue
             outcome = arriving.feed(os.read(answer_fd, 1 << 20))
             if outcome is not None:
@@ -479,8 +478,7 @@ def _collect(pid: int, read_fd: int, timeout: float, cap: int) -> dict[str, Any]
             if remaining <= 0:
                 outcome = "timeout"
                 break
-            ready, _, _ = select.select([read_fd], [], [], remaining)
-            if not ready:
+            if not polling.ready(read_fd, remaining):
                 continue
             chunk = os.read(read_fd, 1 << 20)
             if not chunk:
@@ -525,8 +523,7 @@ def _exits_by(pid: int, deadline: float, pidfd: int = -1) -> bool:
         while True:
             remaining = deadline - time.monotonic()
             if pidfd >= 0:
-                ready, _, _ = select.select([pidfd], [], [], max(remaining, 0))
-                return bool(ready)
+                return polling.ready(pidfd, remaining)
             if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                 return True
             if remaining <= 0:

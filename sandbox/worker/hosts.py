@@ -156,17 +156,17 @@ class Hosts:
                 if orphan != self.zygote.pid:
                     processes.kill(orphan, signal.SIGKILL)
         stopped: list[int] = []
-        residents = self.resident_pids()  # stopped already, and with them what they started
+        # Stopped already, and with them what they started. (A template's children are mostly its
+        # live sessions, thousands in a batch: they are set aside as a set, not one by one.)
+        skip = self.resident_pids() | {fork}
         for _ in range(2):
             todo = [host.pid]
             while todo:
                 pid = todo.pop()
-                if pid == fork or pid in residents:
-                    continue
                 if pid not in stopped:
                     processes.kill(pid, signal.SIGSTOP)
                     stopped.append(pid)
-                todo.extend(processes.children_of(pid))
+                todo.extend(set(processes.children_of(pid)).difference(skip))
         return stopped
 
     def _start_host(self, key: str) -> Host:

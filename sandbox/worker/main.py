@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import signal
 import socket
 import sys
@@ -28,7 +27,7 @@ if __package__ in (None, ""):
 
 from sandbox.wire import protocol
 from sandbox.wire.limits import add_worker_flags, worker_arguments  # noqa: E402
-from sandbox.worker import memory
+from sandbox.worker import memory, polling
 from sandbox.worker.confine import contain  # noqa: E402
 from sandbox.worker.forks import WorkerLimits  # noqa: E402
 from sandbox.worker.runtime import Runtime  # noqa: E402
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         # never delays the answer just sent (on a busy or single core it would). A worker that lends
         # is never idle on its own: the service may be calling its sessions, so it asks for this.
         if runtime.lend is None and runtime.unprepared() \
-                and not select.select([proto_in], [], [], IDLE_BEFORE_PREPARE)[0]:
+                and not polling.ready(proto_in, IDLE_BEFORE_PREPARE):
             runtime.prepare()
 
 

@@ -7,8 +7,9 @@ nothing here raises for one that is. Standard library only.
 from __future__ import annotations
 
 import os
-import select
 import time
+
+from sandbox.worker import polling
 
 
 def visible() -> list[tuple[int, int]]:
@@ -34,7 +35,7 @@ def children_of(pid: int) -> list[int]:
     for tid in threads:
         try:
             with open(f"/proc/{pid}/task/{tid}/children") as listing:
-                found.extend(int(child) for child in listing.read().split())
+                found.extend(map(int, listing.read().split()))
         except (OSError, ValueError):
             continue
     return found
@@ -81,7 +82,7 @@ def write_by(fd: int, data: bytes, deadline: float) -> bool:
     view = memoryview(data)
     while view:
         wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+        if wait <= 0 or not polling.ready(fd, wait, write=True):
             return False
         try:
             view = view[os.write(fd, view):]

@@ -189,9 +189,12 @@ class Sessions:
             if resident.used > idle:
                 break
             self.hosts.end_resident(session)
+        unused = [key for key, template in self.hosts.templates.items() if template.used <= idle]
+        if not unused:
+            return  # (most requests: the live sessions need not be looked through)
         parents = {id(resident.parent) for resident in self.residents.values()}
-        for key, template in list(self.hosts.templates.items()):
-            if template.used <= idle and id(template) not in parents:
+        for key in unused:
+            if id(self.hosts.templates[key]) not in parents:
                 self.hosts.end_template(key)
 
     def fit_memory(self) -> None:

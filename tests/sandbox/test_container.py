@@ -32,7 +32,9 @@ def test_workers_vanish_when_the_service_is_killed(docker_client: Any, tmp_path:
                                                           "ENVFOUNDRY_SERVICE_NAME": service})
     try:
         with server.client() as http:
-            sid = http.post("/v1/sessions", json={"scenario_id": "lib-001"}).json()["session_id"]
+            made = http.post("/v1/sessions", json={"scenario_id": "lib-001"})
+            assert made.status_code == 201, made.text
+            sid = made.json()["session_id"]
             assert http.post(f"/v1/sessions/{sid}/calls", json={"name": "get_member",
                                                                  "arguments": {"member_id": "M002"}}).json()["ok"]
         assert len(containers_of(docker_client, service)) == 2

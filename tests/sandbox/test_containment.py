@@ -16,7 +16,6 @@ import pytest
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.worker import worker_memory_mb
 from sandbox.state.view import view_encoded
-from sandbox.wire.limits import Limits
 from tests.sandbox.test_contract import PROBE, _descendants, _state, _worker_pid
 
 pytestmark = pytest.mark.anyio
@@ -250,7 +249,7 @@ async def test_each_worker_has_a_memory_limit_of_its_own(pool_factory: Any) -> N
             limit_file = "memory.max" if os.path.exists(os.path.join(worker.channel.cgroup, "memory.max")) \
                 else "memory.limit_in_bytes"
             with open(os.path.join(worker.channel.cgroup, limit_file)) as limit:
-                assert int(limit.read()) == worker_memory_mb(Limits(memory_mb=256)) << 20
+                assert int(limit.read()) == worker_memory_mb(pool.limits) << 20  # (its live sessions share resolved)
             with open(f"/proc/{_worker_pid(worker)}/cgroup") as groups:
                 assert os.path.basename(worker.channel.cgroup) in groups.read()
 
