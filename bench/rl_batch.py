@@ -15,7 +15,9 @@ one order or writing one order's note (``--writes`` of them): first over ``--hot
 per connection), then over every session of each ``--sessions`` count (each connection walks its
 own share in turn, so no two connections call one session). Members of a group are not live until
 their first call, and a run of a few seconds reaches each of thousands of sessions at most once:
-``--warm-seconds`` calls them first, unmeasured, to see what a batch already called costs.
+``--warm-seconds`` calls them first, unmeasured, to see what a batch already called costs. Each
+run walks each connection's sessions in an order of its own, so a measured run meets the sessions
+as a batch would, not first those the warm-up called last (the ones kept live when not all fit).
 
 It prints, per size and spread, calls/s and calls per CPU-second of the server's process tree
 ("per core": what one core would serve at full use), p50 and p99, how many calls found their
@@ -106,7 +108,13 @@ end
 function init(args)
   mine = shares[share]
   turn = 0
-  math.randomseed(share * 7919)
+  -- each run walks this connection's sessions in an order of its own: a measured run does not
+  -- start with the sessions the warm-up called last (those an LRU of live sessions keeps)
+  math.randomseed(share * 7919 + %(order)s)
+  for i = #mine, 2, -1 do
+    local j = math.random(i)
+    mine[i], mine[j] = mine[j], mine[i]
+  end
 end
 
 function delay()
@@ -180,11 +188,13 @@ def make_sessions(http: httpx.Client, scenario: str, count: int) -> tuple[list[s
 
 
 def drive(url: str, sessions: list[str], calls: list[str], connections: int, seconds: int, cpu: int,
-          think_ms: float, sigma: float) -> dict[str, float]:
+          think_ms: float, sigma: float, order: int = 0) -> dict[str, float]:
+    """Calls spread over ``sessions`` (each connection its own share, walked in turn, in an order
+    ``order`` shuffles), with think times, for ``seconds``."""
     shares = [sessions[i::connections] for i in range(connections)]
     script = SCRIPT % {"shares": ", ".join("{" + ", ".join(f'"{s}"' for s in share) + "}" for share in shares),
                        "bodies": ", ".join(json.dumps(b) for b in calls), "think": think_ms, "sigma": sigma,
-                       "done": DONE}
+                       "order": order, "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()
@@ -251,10 +261,10 @@ def run_size(http: httpx.Client, server: Any, label: str, args: argparse.Namespa
     for _ in range(args.repeat):
         for name, sessions in plan:
             if name != "hot" and args.warm_seconds > 0:  # each session called once first, if time allows
-                drive(server.url, sessions, calls, args.hot, args.warm_seconds, args.load_cpu, 0, args.sigma)
+                drive(server.url, sessions, calls, args.hot, args.warm_seconds, args.load_cpu, 0, args.sigma, order=1)
             before, cpu = metrics(http), tree_cpu_seconds(server.proc.pid)
             figures = drive(server.url, sessions, calls, args.hot, args.seconds, args.load_cpu, args.think_ms,
-                            args.sigma)
+                            args.sigma, order=2)
             spent = tree_cpu_seconds(server.proc.pid) - cpu
             time.sleep(1.1)  # the workers' figures are at most a second old
             after = metrics(http)
