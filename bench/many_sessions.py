@@ -12,6 +12,8 @@ interleaved and repeated; it prints throughput and p50 of each spread as ratios 
 run, and how many calls found their session live in a worker or had to rebuild it from the store
 (``envfoundry_sandbox_session_calls``). ``--warm-seconds`` first calls each spread's sessions, so
 the measured calls find them live if the workers keep them (an RL batch after its first step).
+Each run walks each connection's sessions in an order of its own, so the measured calls do not
+begin with those the warm-up called last (the ones kept live when not all fit).
 
 Targets (issue: a session costs what it changes): throughput over 10,000 sessions >= 0.8x of 16
 hot sessions, p50 <= 1.5x.
@@ -54,6 +56,13 @@ end
 function init(args)
   mine = shares[share]
   turn = 0
+  -- each run walks this connection's sessions in an order of its own: a measured run does not
+  -- start with the sessions the warm-up called last (those an LRU of live sessions keeps)
+  math.randomseed(share * 7919 + %(order)s)
+  for i = #mine, 2, -1 do
+    local j = math.random(i)
+    mine[i], mine[j] = mine[j], mine[i]
+  end
 end
 
 function request()
@@ -74,10 +83,10 @@ def make_sessions(http: httpx.Client, count: int) -> list[str]:
     return made
 
 
-def drive(url: str, sessions: list[str], connections: int, seconds: int, cpu: int) -> dict[str, float]:
+def drive(url: str, sessions: list[str], connections: int, seconds: int, cpu: int, order: int = 0) -> dict[str, float]:
     shares = [sessions[i::connections] for i in range(connections)]
     lua_shares = ", ".join("{" + ", ".join(f'"{s}"' for s in share) + "}" for share in shares)
-    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "done": DONE}
+    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "order": order, "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()
@@ -129,9 +138,10 @@ def main() -> int:
             for _ in range(args.repeat):
                 for name, sessions in plan:
                     if name != "hot" and args.warm_seconds > 0:
-                        drive(server.url, sessions, args.hot, args.warm_seconds, args.load_cpu)
+                        drive(server.url, sessions, args.hot, args.warm_seconds, args.load_cpu, order=1)
                     before = session_calls(http)
-                    runs.setdefault(name, []).append(drive(server.url, sessions, args.hot, args.seconds, args.load_cpu))
+                    runs.setdefault(name, []).append(drive(server.url, sessions, args.hot, args.seconds, args.load_cpu,
+                                                                  order=2))
                     after = session_calls(http)
                     seen = calls.setdefault(name, {})
                     for kind, value in after.items():
