@@ -109,3 +109,15 @@ def sample(out: subprocess.CompletedProcess[str]) -> Sample:
     raw = json.loads(line[len(MARK):])
     return Sample(requests=raw["requests"], seconds=raw["duration_us"] / 1e6, p50_ms=raw["p50_us"] / 1000,
                   p99_ms=raw["p99_us"] / 1000, errors=raw["errors"], non_2xx=raw["non_2xx"])
+
+
+def shuffled(order: int) -> str:
+    """Lua for a wrk thread's ``init``: shuffle its list ``mine`` of sessions (its ``share``-th), a
+    shuffle of its own for each ``order``. Each run then walks its sessions in an order of its own:
+    a measured run does not start with the sessions a warm-up called last (those an LRU of live
+    sessions keeps when not all fit)."""
+    return f"""  math.randomseed(share * 7919 + {order})
+  for i = #mine, 2, -1 do
+    local j = math.random(i)
+    mine[i], mine[j] = mine[j], mine[i]
+  end"""

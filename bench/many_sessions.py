@@ -36,7 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import DONE, require_tools, sample  # noqa: E402
+from bench.load import DONE, require_tools, sample, shuffled  # noqa: E402
 from bench.servers import launch_service  # noqa: E402
 
 # What this bench printed when live sessions were capped at 32 per worker (one run, sessions never
@@ -56,13 +56,7 @@ end
 function init(args)
   mine = shares[share]
   turn = 0
-  -- each run walks this connection's sessions in an order of its own: a measured run does not
-  -- start with the sessions the warm-up called last (those an LRU of live sessions keeps)
-  math.randomseed(share * 7919 + %(order)s)
-  for i = #mine, 2, -1 do
-    local j = math.random(i)
-    mine[i], mine[j] = mine[j], mine[i]
-  end
+%(shuffle)s
 end
 
 function request()
@@ -86,7 +80,7 @@ def make_sessions(http: httpx.Client, count: int) -> list[str]:
 def drive(url: str, sessions: list[str], connections: int, seconds: int, cpu: int, order: int = 0) -> dict[str, float]:
     shares = [sessions[i::connections] for i in range(connections)]
     lua_shares = ", ".join("{" + ", ".join(f'"{s}"' for s in share) + "}" for share in shares)
-    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "order": order, "done": DONE}
+    script = SCRIPT % {"shares": lua_shares, "body": json.dumps(BODY), "shuffle": shuffled(order), "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()

@@ -49,7 +49,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import DONE, require_tools, sample  # noqa: E402
+from bench.load import DONE, require_tools, sample, shuffled  # noqa: E402
 from bench.servers import launch_service, tree_cpu_seconds  # noqa: E402
 from service.catalog.admission import build_environment  # noqa: E402
 from service.catalog.folders import write_package  # noqa: E402
@@ -108,13 +108,7 @@ end
 function init(args)
   mine = shares[share]
   turn = 0
-  -- each run walks this connection's sessions in an order of its own: a measured run does not
-  -- start with the sessions the warm-up called last (those an LRU of live sessions keeps)
-  math.randomseed(share * 7919 + %(order)s)
-  for i = #mine, 2, -1 do
-    local j = math.random(i)
-    mine[i], mine[j] = mine[j], mine[i]
-  end
+%(shuffle)s
 end
 
 function delay()
@@ -194,7 +188,7 @@ def drive(url: str, sessions: list[str], calls: list[str], connections: int, sec
     shares = [sessions[i::connections] for i in range(connections)]
     script = SCRIPT % {"shares": ", ".join("{" + ", ".join(f'"{s}"' for s in share) + "}" for share in shares),
                        "bodies": ", ".join(json.dumps(b) for b in calls), "think": think_ms, "sigma": sigma,
-                       "order": order, "done": DONE}
+                       "shuffle": shuffled(order), "done": DONE}
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
         lua.write(script)
         lua.flush()
@@ -263,7 +257,8 @@ def run_size(http: httpx.Client, server: Any, label: str, args: argparse.Namespa
             if name != "hot" and args.warm_seconds > 0:  # each session called once first, if time allows
                 drive(server.url, sessions, calls, args.hot, args.warm_seconds, args.load_cpu, 0, args.sigma, order=1)
             before, cpu = metrics(http), tree_cpu_seconds(server.proc.pid)
-            figures = drive(server.url, sessions, calls, args.hot, args.seconds, args.load_cpu, args.think_ms,
+            figures: dict[str, Any] = drive(server.url, sessions, calls, args.hot, args.seconds, args.load_cpu,
+                                            args.think_ms,
                             args.sigma, order=2)
             spent = tree_cpu_seconds(server.proc.pid) - cpu
             time.sleep(1.1)  # the workers' figures are at most a second old

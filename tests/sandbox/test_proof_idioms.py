@@ -10,6 +10,17 @@ from sandbox.state.readonly import ReadOnly
 from tests.sandbox.test_proof_soundness import _compiled, _source, unsound
 
 
+def _assert_confined(cases: dict[str, str]) -> None:
+    """Each tool body is proven to change only ``items[key]``, and runs as proven (a key present or not)."""
+    for name, body in cases.items():
+        module = _compiled(_source("n = 0\n" + body))
+        assert module is not None
+        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
+        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
+        for key in ("a", "zz"):
+            assert unsound("n = 0\n" + body, key, "b") is None, name
+
+
 def test_an_entry_named_through_get_is_confined_as_a_subscript_is() -> None:
     """``a = self.accounts.get(p); a["note"] = x``, the way tools are commonly written, is proven
     as ``self.accounts[p]["note"] = x`` is, and so is an entry a helper of one ``return`` gives
@@ -21,13 +32,7 @@ def test_an_entry_named_through_get_is_confined_as_a_subscript_is() -> None:
         "below": "t = self.items.get(key)['tags']\nt.append(n)",
         "chained": "self.items.get(key)['n'] += 1",
     }
-    for name, body in confined.items():
-        module = _compiled(_source("n = 0\n" + body))
-        assert module is not None
-        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
-        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
-        for key in ("a", "zz"):
-            assert unsound("n = 0\n" + body, key, "b") is None, name
+    _assert_confined(confined)
     helped = {
         "own_attribute": "r = self._look(key)\nif r is None:\n    return 'none'\nr['n'] = 5",
         "given_table": "r = self._lookup(self.items, key)\nif not r:\n    return 'none'\nr['tags'].append(n)",
@@ -80,13 +85,7 @@ def test_setdefault_and_get_of_an_entry_are_within_it() -> None:
         "setdefault_entry": "self.items.setdefault(key, {'tags': [], 'n': 0})['n'] += 1",
         "setdefault_alias": "r = self.items.setdefault(key, {})\nr['n'] = 5",
     }
-    for name, body in confined.items():
-        module = _compiled(_source("n = 0\n" + body))
-        assert module is not None
-        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
-        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
-        for key in ("a", "zz"):
-            assert unsound("n = 0\n" + body, key, "b") is None, name
+    _assert_confined(confined)
     unproven = {
         "state_default": "self.items[key].setdefault('tags', self.log).append(1)",
         "get_state_default": "self.items[key].get('tags', self.log).append(1)",
