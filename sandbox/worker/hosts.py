@@ -40,6 +40,7 @@ class Host:
     pidfd: int = -1
     env: str = ""
     drew: bool = False  # a template whose ``__init__`` drew randomness (it serves no session)
+    digest: str = ""  # a template's: of the initial state it holds, as it reported it when built
 
 
 @dataclass

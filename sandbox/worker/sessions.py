@@ -27,7 +27,7 @@ from sandbox.wire import answers, protocol
 from sandbox.wire.answers import NEED_STATE, error
 from sandbox.wire.limits import DEFAULTS
 from sandbox.worker import processes
-from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, end, exited_by, outcome_error, read_answer
+from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, end, exited_by, outcome_error, read_answer
 from sandbox.worker.hosts import Host, Hosts, Resident, release
 from sandbox.worker.memory import Gauge
 from sandbox.worker.runner import RESTARTED, Runner
@@ -89,6 +89,10 @@ class Sessions:
         key = request["env"]
         template = self.templates.template(host, request) if request["op"] == "init" or from_template(request) \
             else None
+        if "state" not in request and request["op"] == "call" and (template is None or template.digest != request["known"]):
+            # The service kept the stored text back for the template to make (``resident.withheld``):
+            # this worker's is not that state (an ``__init__`` that reads the clock builds another).
+            raise Failure(NEED_STATE, "this worker's template is not the session's base: the stored state is needed")
         taken = self.runner.take(template) if template is not None else None
         if taken is not None and template is not None:
             return Resident(key, *taken, parent=template)

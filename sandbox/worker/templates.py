@@ -105,6 +105,7 @@ class Templates:
             if built is None or built.get("ok") is not True:
                 raise OSError("the scenario's instance could not be built ahead")
             template.drew = built.get("draws") is True
+            template.digest = str(built.get("digest") or "")
         except OSError:
             if template is not None:
                 self.hosts.end_template_process(template)
