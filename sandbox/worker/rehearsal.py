@@ -23,8 +23,10 @@ from sandbox.state.readonly import ReadOnly
 from sandbox.wire import protocol
 from sandbox.worker.resident import LiveSession, public_state, resolver
 
-# (below what specialisation needs to settle: 8 runs to warm a function up, then some to specialise)
-ROUNDS = 24
+# CPython 3.11 quickens a function after 8 runs and specialises on the runs after; each round here runs
+# most functions several times. (More rounds measured no less memory per session, and every worker
+# start pays for them: 24 rounds took 70-120 ms.)
+ROUNDS = 8
 MODULE = "ef_rehearsal"
 CODE = '''
 class Shop:
