@@ -41,13 +41,7 @@ def test_an_entry_named_through_get_is_confined_as_a_subscript_is() -> None:
         "checks_then_returns": "r = self._require(key)\nr['tags'].append(n)",
         "local_or_none": "r = self._found(key)\nif r:\n    r['n'] = 5",
     }
-    for name, body in helped.items():
-        module = _compiled(_source("n = 0\n" + body))
-        assert module is not None
-        proof = ReadOnly(module, _source("n = 0\n" + body), module.Env)
-        assert proof.footprint("tool", {"key": "a", "other": "b"}) == {"items": {"a"}}, name
-        for key in ("a", "zz"):
-            assert unsound("n = 0\n" + body, key, "b") is None, name
+    _assert_confined(helped)
     # A table that is no attribute of the instance; a helper that may give back another part of
     # the state, whose local is bound again, that gives back two entries, or a default of the
     # state: no proof.
