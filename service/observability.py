@@ -30,6 +30,7 @@ class Metrics:
                                  ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
         self.tool_calls = Counter("envfoundry_tool_calls", "Tool calls by outcome ('ok' or the error type).",
                                   ["outcome"], registry=r)
+        self._tool_calls: dict[str, Any] = {}
         self.sandbox_wait = Histogram("envfoundry_sandbox_wait_seconds", "Time a request waited for its share "
                                       "of sandbox workers.", buckets=LATENCY_BUCKETS, registry=r)
         self.sessions = Counter("envfoundry_sessions_created", "Sessions created (groups and forks count each).",
@@ -68,6 +69,13 @@ class Metrics:
                                 registry=r)
         self.evictions = Gauge("envfoundry_sandbox_live_session_evictions", "Live sessions a worker slot ended to "
                                "keep room for a call, since start (they go cold, not lost).", ["worker"], registry=r)
+
+    def tool_call(self, outcome: str) -> None:
+        """Count a tool call by its outcome (the series kept: there are a handful of outcomes)."""
+        series = self._tool_calls.get(outcome)
+        if series is None:
+            series = self._tool_calls[outcome] = self.tool_calls.labels(outcome)
+        series.inc()
 
     def observe_pool(self, pool: Any) -> None:
         """Refresh the pool gauges (read at scrape time: the pool keeps its own counts)."""

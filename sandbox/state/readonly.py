@@ -48,6 +48,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from sandbox.state.signatures import signature
 from sandbox.state.watch import CONTAINERS, LEAVES
 
 BUILTINS = frozenset({
@@ -135,7 +136,7 @@ class ReadOnly:
         if found is None or not self._holds(kind):
             return None
         try:
-            bound = inspect.signature(getattr(self.cls, name)).bind(None, **arguments)
+            bound = signature(getattr(self.cls, name)).bind(None, **arguments)
         except TypeError:
             return None
         bound.apply_defaults()

@@ -102,19 +102,21 @@ def decode_body(body: bytes, depth: int | None = None) -> Any:
 
 
 def depth_within(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether decoded JSON nests no deeper than ``limit`` (iterative: deep input cannot recurse)."""
-    todo: list[tuple[Any, int]] = [(value, 0)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
+    """Whether decoded JSON nests no deeper than ``limit`` (level by level: deep input cannot
+    recurse, and a call's answer is walked on the event loop, so each level is one tight loop)."""
+    containers = (dict, list)
+    level = [value] if isinstance(value, containers) else []
+    depth = 0
+    while level:
         if depth >= limit:
             return False
-        todo.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+        below = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, containers):
+                    below.append(child)
+        level = below
+        depth += 1
     return True
 
 

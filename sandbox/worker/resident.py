@@ -26,6 +26,7 @@ from sandbox.state import decoder, encoder, view
 from sandbox.state.deltas import Delta, DeltaError, apply, entries_in_place, field
 from sandbox.state.parts import Parts, Unwatched, blob, shares
 from sandbox.state.readonly import ReadOnly
+from sandbox.state.signatures import signature
 from sandbox.state.view import Diff, no_diff
 from sandbox.wire import answers
 from sandbox.wire.limits import DEFAULTS
@@ -54,6 +55,7 @@ HIDDEN_FIELD = field(HIDDEN)
 # Where the stored state names the instance's class when a tool assigned another (``self.__class__ =
 # X``): never an attribute's name, since ``__class__`` is not kept in an instance's ``__dict__``.
 CLASS_FIELD = "__class__"
+_LOOK = object()  # (``_state``: look at the randomness now)
 
 
 def public_state(instance: Any) -> dict[str, Any]:
@@ -202,9 +204,10 @@ class LiveSession:
                               self.instance), state)
         return {"state": self.text}
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, current: Any = _LOOK) -> dict[str, Any]:
         """What is stored of the session: the instance's attributes and, once it has drawn, its
-        randomness (last: it is new after the attributes, and a tree's parts keep their order)."""
+        randomness (last: it is new after the attributes, and a tree's parts keep their order).
+        ``current``: the stream's value, when the caller has just looked (it is a 5 KB compare)."""
         state = public_state(self.instance)
         for reserved in (HIDDEN, CLASS_FIELD):  # (stored beside the attributes: one of theirs would be lost)
             if reserved in state:
@@ -212,7 +215,7 @@ class LiveSession:
                                               "stored state: name the attribute otherwise")
         if type(self.instance) is not self.cls:  # a tool assigned ``self.__class__``: a rebuild must too
             state[CLASS_FIELD] = type(self.instance).__qualname__
-        self.hidden = self.stream.current()
+        self.hidden = self.stream.current() if current is _LOOK else current
         if self.hidden is not None:
             state[HIDDEN] = self.hidden
         return state
@@ -317,10 +320,11 @@ class LiveSession:
         result_view = self._run(request)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": no_diff()}
         # A tool that drew randomness changed what is stored, whatever it did to the attributes.
-        drew = self.stream.current() != self.hidden
+        current = self.stream.current()
+        drew = current != self.hidden
         if reads and not drew:  # a watched state holds builtin values only, which such a tool can but read
             return unchanged
-        state = self._state()
+        state = self._state(current)
         limit = _limit(request, "max_state_bytes", DEFAULTS.state_bytes)
         if watched and self.parts is not None:
             before = self.parts.parts
@@ -365,9 +369,9 @@ class LiveSession:
         name = request["name"]
         method = _tool(self.cls, self.instance, name)
         # A copy: a tool may keep an argument in the state, and the request must not hold it too.
-        arguments = copy.deepcopy(request.get("arguments") or {})
+        arguments = _copied(request.get("arguments") or {})
         try:
-            inspect.signature(method).bind(**arguments)
+            signature(method).bind(**arguments)
         except TypeError as exc:
             raise Failure(INVALID_ARGUMENTS, f"{name}: {exc}") from None
         try:
@@ -427,6 +431,19 @@ class LiveSession:
             return {**answer, "state": None, "delta": changes}
         self.delta, self.base_size = Delta(), len(self.text)
         return {**answer, "rebase": True}
+
+
+def _copied(value: Any) -> Any:
+    """A copy of decoded JSON (``copy.deepcopy`` of it, at a fifth of the cost: no memo is needed,
+    as decoded JSON shares no object); anything else is deep-copied."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    if kind is list:
+        return [_copied(item) for item in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def withheld(request: dict[str, Any]) -> bool:

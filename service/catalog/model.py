@@ -286,11 +286,19 @@ class Environment:
 
     @property
     def code_hash(self) -> str:
-        """Identifies the class code and what it requires: workers cache compiled classes under it."""
+        """Identifies the class code and what it requires: workers cache compiled classes under it.
+        Kept while those fields hold the same values (every call asks for it; a builder may still
+        change them)."""
+        made_of = (self.class_name, self.code, tuple(self.requirements))
+        kept = self.__dict__.get("_code_hash")
+        if kept is not None and kept[0] == made_of:  # (the same strings: compared by identity first)
+            return kept[1]  # type: ignore[no-any-return]
         text = f"{self.class_name}\0{self.code}"
         if self.requirements:  # (an environment without requirements keeps the hash it always had)
             text += "\0" + "\0".join(self.requirements)
-        return hashlib.sha256(text.encode()).hexdigest()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        self.__dict__["_code_hash"] = (made_of, digest)
+        return digest
 
     @cached_property
     def version(self) -> str:

@@ -111,7 +111,7 @@ class Calls:
             self._drop_live(session_id)
             return None
         self._keep_warm(snap, digest)
-        engine.metrics.tool_calls.labels("ok" if record["ok"] else record["error"]["type"]).inc()
+        engine.metrics.tool_call("ok" if record["ok"] else record["error"]["type"])
         return Applied(record)
 
     # -- the sessions called without the lock ---------------------------------------------------

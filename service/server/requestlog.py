@@ -12,6 +12,7 @@ import logging
 import re
 import secrets
 import time
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,6 +20,7 @@ from service.observability import Metrics, request_id
 
 log = logging.getLogger("envfoundry.access")
 SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+SERIES_KEPT = 1024
 
 
 class RequestLog:
@@ -27,6 +29,8 @@ class RequestLog:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # The metrics' series by method, route and status: ``labels`` costs more than the counting.
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,11 +55,22 @@ class RequestLog:
             elapsed = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope["method"]
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(elapsed)
+            counted, timed = self._of(method, route, status)
+            counted.inc()
+            timed.observe(elapsed)
             state = scope.get("state") or {}
             log.info("%s %s %d", method, route, status, extra={
                 "route": route, "method": method, "status": status, "duration_ms": round(elapsed * 1000, 3),
                 "tenant": state.get("tenant"), "session": (scope.get("path_params") or {}).get("session_id"),
             })
             request_id.reset(token)
+
+    def _of(self, method: str, route: str, status: int) -> tuple[Any, Any]:
+        key = (method, route, status)
+        series = self._series.get(key)
+        if series is None:
+            series = (self.metrics.requests.labels(method, route, str(status)),
+                      self.metrics.latency.labels(method, route))
+            if len(self._series) < SERIES_KEPT:  # (routes are templates; methods and statuses are few)
+                self._series[key] = series
+        return series

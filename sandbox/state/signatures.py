@@ -1,0 +1,36 @@
+"""Tools' signatures, kept: ``inspect.signature`` costs more than many a tool's whole call.
+
+A plain function's signature is made of its code and its defaults (the very objects: a signature
+holds them, and ``apply_defaults`` hands them out), so it is kept while the function has the same
+code and the same defaults tuple. A function with keyword-only defaults (a dict, which can change
+in place), one carrying attributes (``__wrapped__``, ``__signature__``, set by decorators) and any
+other callable are looked at each time. Standard library only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+KEPT = 1024  # (distinct tool functions of one process: a class's tools, and a few more)
+_kept: dict[tuple[int, bool], tuple[types.CodeType, tuple[Any, ...] | None, inspect.Signature]] = {}
+
+
+def signature(target: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(target)``, for a plain function or a method bound to one."""
+    bound = type(target) is types.MethodType
+    function = getattr(target, "__func__", None) if bound else target
+    if type(function) is not types.FunctionType or function.__dict__ or function.__kwdefaults__:
+        return inspect.signature(target)
+    code, defaults = function.__code__, function.__defaults__
+    key = (id(code), bound)
+    found = _kept.get(key)
+    if found is not None and found[0] is code and found[1] is defaults:
+        return found[2]
+    made = inspect.signature(target)
+    if len(_kept) >= KEPT:
+        _kept.clear()
+    _kept[key] = (code, defaults, made)
+    return made
