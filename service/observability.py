@@ -6,6 +6,7 @@ Every log line written while a request runs carries its id (``request_id``, set 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import logging
@@ -14,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+ACCESS = "envfoundry.access"  # the access log's logger: a line per request
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -103,9 +105,20 @@ class JsonFormatter(logging.Formatter):
 
     FIELDS = ("route", "method", "status", "duration_ms", "tenant", "session")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = (-1, "")  # the last whole second written, and its text
+
+    def _time(self, created: float) -> str:
+        """As ``datetime.isoformat(timespec="milliseconds")`` in UTC, the second's text made once."""
+        second = int(created)
+        if self._second[0] != second:
+            self._second = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+        return f"{self._second[1]}.{int((created - second) * 1000):03d}+00:00"
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": self._time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -121,9 +134,69 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class LineBatches(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes the access log's lines (INFO, a line per request) logged on an event
+    loop together, ``DELAY`` seconds after the first of them, or once ``BATCH`` are waiting: one write
+    per request cost a tenth of a tool call's CPU. Any other line is written at once, after those
+    waiting; ``flush`` (at exit, and when the app shuts down) writes them all."""
+
+    DELAY = 0.05
+    BATCH = 64
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiting: list[str] = []
+        self._due: asyncio.AbstractEventLoop | None = None  # the loop a write is due on
+
+    def emit(self, record: logging.LogRecord) -> None:  # (called holding the handler's lock)
+        try:
+            self._waiting.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+            return
+        if record.name != ACCESS or record.levelno != logging.INFO or len(self._waiting) >= self.BATCH \
+                or not self._deferred():
+            self._write()
+
+    def _deferred(self) -> bool:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if self._due is not loop:  # (none due, or due on a loop that has ended since)
+            self._due = loop
+            loop.call_later(self.DELAY, self._on_due, loop)
+        return True
+
+    def _on_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            if self._due is loop:
+                self._due = None
+            self._write()
+
+    def _write(self) -> None:
+        if not self._waiting:
+            return
+        text, self._waiting = "".join(self._waiting), []
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except Exception:
+            pass  # (as a StreamHandler whose stream failed: logging must not fail the request)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write()
+
+
+def flush_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
 def configure_logging(fmt: str, level: int = logging.INFO) -> dict[str, Any]:
     """Set up the root logger; return a uvicorn ``log_config`` that writes through it."""
-    handler = logging.StreamHandler()
+    handler = LineBatches()
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

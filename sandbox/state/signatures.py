@@ -34,3 +34,18 @@ def signature(target: Callable[..., Any]) -> inspect.Signature:
         _kept.clear()
     _kept[key] = (code, defaults, made)
     return made
+
+
+def warm(cls: type) -> None:
+    """Keep the signatures of ``cls``'s tools (its public plain functions, as themselves and as
+    methods) now: in a host, before it forks sessions, so that no session makes its own (each
+    rebuilt session would, on its first call of each tool). Runs no code of the class."""
+    holder = object()
+    for klass in cls.__mro__:
+        for name, found in vars(klass).items():
+            if not name.startswith("_") and type(found) is types.FunctionType:
+                try:
+                    signature(found)
+                    signature(types.MethodType(found, holder))
+                except (TypeError, ValueError):
+                    continue  # (a signature ``inspect`` cannot make: the call says so, as before)

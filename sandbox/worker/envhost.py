@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.state import decoder, encoder
+from sandbox.state import decoder, encoder, signatures
 from sandbox.state.readonly import ReadOnly
 from sandbox.wire.answers import error
 from sandbox.worker import channel, randomness, rehearsal
@@ -360,6 +360,7 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
             # Objects that exist now are shared with every fork; kept out of the collector's
             # walks, forks do not copy the pages holding them just to count references.
             readonly = ReadOnly(module, spec["code"], cls)  # proven once, for every session here
+            signatures.warm(cls)
             gc.freeze()
             EnvHost(module, cls, limits, readonly=readonly).serve(sock)
 

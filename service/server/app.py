@@ -28,7 +28,7 @@ from service.catalog.manifest import drift, manifest
 from service.catalog.registry import Registry
 from service.engine.sessions import SessionLimits, Sessions
 from service.engine.user_llm import UserSimulator
-from service.observability import Metrics
+from service.observability import Metrics, flush_logs
 from service.server import heap
 from service.server.requestlog import RequestLog
 from service.server.settings import Settings
@@ -154,6 +154,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             await store.close()
             if user is not None:
                 await user.close()
+            flush_logs()  # the access lines waiting (uvicorn may end the process by a signal, skipping exit hooks)
 
     app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
     metrics = Metrics()

@@ -110,3 +110,17 @@ def test_a_write_whose_defaults_were_replaced_changes_what_a_plain_run_changes(e
         getattr(plain, name)(**arguments)
         assert items() == plain.items, (name, items(), plain.items)
     assert plain.items == {"a": {"n": 0}, "b": {"n": 7}}
+
+
+def test_a_host_keeps_its_tools_signatures_before_forking_sessions(env_module: types.ModuleType,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.state import signatures
+
+    signatures.warm(env_module.Env)
+    made: list[object] = []
+    real = inspect.signature
+    monkeypatch.setattr(signatures.inspect, "signature", lambda target: made.append(target) or real(target))
+    instance = env_module.Env()
+    assert _shape(signature(instance.close)) == [("key", "a")] and _shape(signature(env_module.Env.retarget)) == \
+        [("self", None), ("key", None)]
+    assert made == []  # both were kept by ``warm``, none made for the session

@@ -16,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from service.api.auth import new_key
 from tests.conftest import BUNDLED, Server, start_server
+from tests.service import proctree
 
 pytestmark = pytest.mark.anyio
 SCENARIO = "lib-001"
@@ -299,9 +300,13 @@ async def test_mcp_requests_are_counted_and_logged_like_rest(server: Server, cli
     after = client.get("/metrics").text
     assert counted(after, route) > counted(before, route)
     assert counted(after, calls) == counted(before, calls) + 1
-    logged = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
-    assert any(entry.get("route") == "/v1/sessions/{session_id}/mcp" and entry.get("session") == session_id
-               for entry in logged)
+
+    def logged() -> bool:  # (access lines are written within 50 ms, in batches)
+        entries = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+        return any(entry.get("route") == "/v1/sessions/{session_id}/mcp" and entry.get("session") == session_id
+                   for entry in entries)
+
+    proctree.wait_until(logged, 10, "the MCP request's access line")
 
 
 async def test_list_scenarios_pages_as_the_rest_listing_does(server: Server, client: httpx.Client) -> None:

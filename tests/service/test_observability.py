@@ -104,3 +104,68 @@ def test_readiness_follows_redis_and_liveness_does_not(tmp_path: Path) -> None:
         server.stop()
         if redis.poll() is None:
             redis.kill()
+
+
+def test_access_lines_are_written_together_soon_and_warnings_at_once() -> None:
+    import asyncio
+    import io
+    import logging
+    from datetime import UTC, datetime
+
+    from service.observability import ACCESS, JsonFormatter, LineBatches
+
+    stream = io.StringIO()
+    handler = LineBatches()
+    handler.setStream(stream)
+    handler.setFormatter(JsonFormatter())
+    log = logging.getLogger(ACCESS)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+
+    def written() -> list[str]:
+        return [json.loads(line)["message"] for line in stream.getvalue().splitlines()]
+
+    async def on_a_loop() -> list[list[str]]:
+        seen = []
+        log.info("one")
+        log.info("two")
+        seen.append(written())  # still waiting: written together, a moment later
+        await asyncio.sleep(LineBatches.DELAY * 4)
+        seen.append(written())
+        log.info("three")
+        log.warning("four")  # at once, after the line waiting before it
+        seen.append(written())
+        for n in range(LineBatches.BATCH):
+            log.info(f"many-{n}")
+        seen.append(written())  # a full batch is written without waiting
+        log.info("last")
+        return seen
+
+    try:
+        seen = asyncio.run(on_a_loop())
+        assert seen[0] == [] and seen[1] == ["one", "two"]
+        assert seen[2] == ["one", "two", "three", "four"]
+        assert seen[3][-1] == f"many-{LineBatches.BATCH - 1}"
+        log.info("off a loop")  # at once
+        assert written()[-2:] == ["last", "off a loop"]
+        other = logging.getLogger("envfoundry.test-batches")
+        other.propagate = False
+        other.setLevel(logging.INFO)
+        other.addHandler(handler)
+
+        async def elsewhere() -> list[str]:
+            log.info("access")
+            other.info("not the access log")  # at once, after the access line waiting
+            return written()
+
+        assert asyncio.run(elsewhere())[-2:] == ["access", "not the access log"]
+        other.removeHandler(handler)
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
+        log.setLevel(logging.NOTSET)
+    stamp = json.loads(stream.getvalue().splitlines()[0])["time"]
+    parsed = datetime.fromisoformat(stamp)
+    assert parsed.tzinfo == UTC and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", stamp)
+    assert abs(parsed.timestamp() - time.time()) < 60

@@ -22,6 +22,7 @@ from websockets.sync.client import connect
 
 from service.api.auth import new_key
 from tests.conftest import ROOT, Server, start_server
+from tests.service import proctree
 
 PEER = Path(__file__).with_name("openenv_peer.py")
 ENV = "library_circulation"
@@ -222,7 +223,8 @@ def test_bad_messages_get_openenv_error_codes_and_change_nothing(server: Server)
         assert nan["data"]["code"] == "VALIDATION_ERROR", nan
         assert nan["data"]["problem"]["field"] == "data.arguments.loan_id", nan
         assert httpx.get(f"{server.url}/v1/sessions/{episode}").json()["steps"] == 3
-    assert '"method": "WS"' in server.log.read_text()  # the access log has a line per message
+    # the access log has a line per message (written within 50 ms, in batches)
+    proctree.wait_until(lambda: '"method": "WS"' in server.log.read_text(), 10, "a WebSocket message's access line")
     with connect(ws_url(server, "no_such_env")) as ws:
         refused = json.loads(ws.recv(timeout=30))
         assert refused["data"]["code"] == "SESSION_ERROR" and refused["data"]["problem"]["status"] == 404
