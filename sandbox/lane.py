@@ -78,6 +78,9 @@ def lane(sock: socket.socket) -> Lane | None:
     return None if fds is None else Lane(pidfd=fds[2], request_fd=fds[0], answer_fd=fds[1])
 
 
+DIRENT = 20  # what a tmpfs folder's size counts for each entry (the kernel's BOGO_DIRENT_SIZE)
+
+
 class Tmp:
     """A worker's private /tmp, emptied by the service after each call it makes straight.
 
@@ -93,21 +96,50 @@ class Tmp:
         self.owner = owner
         # read-only folders confinement put back inside /tmp (e.g. a checkout there): never emptied
         self.preserve = [p for p in preserve if p.startswith("/tmp/")]
+        # The folder's size and times when it was last found with nothing to remove; looked at
+        # first only where its size counts its entries (see ``_counts_entries``).
+        self._clean: tuple[int, int, int] | None = None
+        self._sized = self._counts_entries()
+
+    def _counts_entries(self) -> bool:
+        """Whether the folder's size counts its entries, as a tmpfs's does (``DIRENT`` bytes each, its
+        own and its parent's included): then, with the same size, no entry was added since. (The
+        worker's /tmp is one; any other folder is looked through after every call.)"""
+        if self.fd < 0:
+            return False
+        try:
+            with os.scandir(self.fd) as entries:
+                count = sum(1 for _ in entries)
+            return os.fstat(self.fd).st_size == DIRENT * (count + 2)
+        except OSError:
+            return False
+
+    def _stamp(self) -> tuple[int, int, int]:
+        found = os.fstat(self.fd)
+        return found.st_size, found.st_mtime_ns, found.st_ctime_ns
 
     def _kept(self, name: str) -> bool:
         path = f"/tmp/{name}"
         return any(p == path or p.startswith(path + "/") for p in self.preserve)
 
     def untouched(self) -> bool:
-        """Whether the call left nothing to remove (one look at the folder's first entries, cheap
-        enough for the event loop: a call rarely writes to /tmp)."""
+        """Whether the call left nothing to remove: the folder as it was when last found so (its
+        environment code cannot remove or rename root's entries in a sticky folder, so an entry it
+        added changes the count), else one look at its entries (cheap enough for the event loop: a
+        call rarely writes to /tmp)."""
         if self.fd < 0:
             return True
         try:
+            stamp = self._stamp()  # (before the look: an entry added after it changes the stamp)
+            if self._sized and stamp == self._clean:
+                return True
             with os.scandir(self.fd) as entries:
-                return not any(_owner(entry) == self.owner and not self._kept(entry.name) for entry in entries)
+                clean = not any(_owner(entry) == self.owner and not self._kept(entry.name) for entry in entries)
         except OSError:
             return False
+        if clean and self._sized:
+            self._clean = stamp
+        return clean
 
     def empty(self) -> bool:
         """Whether /tmp is left as the worker had it (else the worker must be replaced)."""

@@ -5,7 +5,10 @@ that process runs, /tmp is emptied after it, anything unusual is collected by th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,3 +179,34 @@ def test_lent_descriptors_are_not_inherited_by_what_the_service_starts() -> None
             os.close(fd)
         ours.close()
         theirs.close()
+
+
+@pytest.mark.parametrize("where", ["tmpfs", "other"])
+def test_tmp_is_found_untouched_only_while_nothing_was_added(where: str, tmp_path: Path) -> None:
+    """A worker's /tmp is a tmpfs, whose folder size counts its entries: while size and times are
+    those of the last look that found it clean, it is taken at its word. Any other folder is looked
+    through each time. Either way, an entry added after the last look is found, however soon."""
+    from sandbox.lane import Tmp
+
+    folder = Path(tempfile.mkdtemp(dir="/dev/shm")) if where == "tmpfs" else tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        tmp = Tmp(fd, [], os.getuid())
+        assert tmp._sized is (where == "tmpfs")
+        assert tmp.untouched() and tmp.untouched()
+        for name in ("a", "b"):
+            (folder / name).write_text("x")
+            assert not tmp.untouched()
+            (folder / name).unlink()
+            assert tmp.untouched()
+        (folder / "c").mkdir()
+        assert not tmp.untouched()
+        (folder / "c").rmdir()
+        assert tmp.untouched()
+        (folder / "d").write_text("")
+        assert not tmp.untouched() and tmp.empty() and tmp.untouched()
+        assert not list(folder.iterdir())
+    finally:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
