@@ -48,10 +48,13 @@ class FairGate:
         Raises:
             NoSlot: no slot came free within ``timeout`` seconds.
         """
-        try:
-            await asyncio.wait_for(self._acquire(tenant), timeout)
-        except TimeoutError:
-            raise NoSlot(f"no slot came free within {timeout:g} s") from None
+        if not self.waiting and self._may_take(tenant):  # free: taken at once, with no task to wait in
+            self._take(tenant)
+        else:
+            try:
+                await asyncio.wait_for(self._acquire(tenant), timeout)
+            except TimeoutError:
+                raise NoSlot(f"no slot came free within {timeout:g} s") from None
         try:
             yield
         finally:

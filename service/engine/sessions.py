@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -183,16 +183,10 @@ class Sessions:
         return await self.views.score(session_id, tenant=tenant, against=against)
 
     # -- shared by the parts ----------------------------------------------------------------------
-    @asynccontextmanager
-    async def writing(self) -> AsyncIterator[None]:
+    def writing(self) -> AbstractAsyncContextManager[None]:
         """Around a write to one session. A read leaves a session whose environment was deleted as it
         is; a write that finds one removes it, and answers as the read would."""
-        try:
-            yield
-        except EnvironmentGone as gone:
-            with suppress(Unavailable):  # (the store's TTL removes it then)
-                await self.remove(gone.meta)
-            raise
+        return _Writing(self)
 
     async def remove(self, meta: SessionMeta) -> bool:
         """End the session: its live process, its warm meta, its keys and its place in the tenant's
@@ -220,3 +214,18 @@ class Sessions:
                 yield
         except NoSlot:
             raise SandboxBusy(f"no sandbox worker became free within {wait:g} s") from None
+
+
+class _Writing:
+    """``Sessions.writing`` (a class: every tool call enters one, and a generator costs more)."""
+
+    def __init__(self, engine: Sessions) -> None:
+        self.engine = engine
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, EnvironmentGone):
+            with suppress(Unavailable):  # (the store's TTL removes it then)
+                await self.engine.remove(exc.meta)

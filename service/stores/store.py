@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -61,27 +60,46 @@ class LocalLocks:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._locks
 
-    @asynccontextmanager
-    async def hold(self, session_id: str, wait: float) -> AsyncIterator[None]:
+    def hold(self, session_id: str, wait: float) -> AbstractAsyncContextManager[None]:
         """Raises LockTimeout: another holder kept it for ``wait`` seconds."""
-        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
-        self._locks[session_id] = (lock, users + 1)
+        return _Holding(self._locks, session_id, wait)
+
+
+class _Holding:
+    """``LocalLocks.hold`` (a class: every tool call takes one, and a generator costs more)."""
+
+    def __init__(self, locks: dict[str, tuple[asyncio.Lock, int]], session_id: str, wait: float) -> None:
+        self.locks, self.session_id, self.wait = locks, session_id, wait
+        self.lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        found = self.locks.get(self.session_id)
+        lock, users = (asyncio.Lock(), 0) if found is None else found
+        self.locks[self.session_id] = (lock, users + 1)
         try:
-            try:
-                async with asyncio.timeout(wait):
-                    await lock.acquire()
-            except TimeoutError:
-                raise LockTimeout(f"session {session_id} stayed busy for {wait:g} s") from None
-            try:
-                yield
-            finally:
-                lock.release()
-        finally:
-            lock, users = self._locks[session_id]
-            if users == 1:
-                del self._locks[session_id]
+            if found is None:
+                await lock.acquire()  # (a new lock: taken at once, no timer needed)
             else:
-                self._locks[session_id] = (lock, users - 1)
+                async with asyncio.timeout(self.wait):
+                    await lock.acquire()
+        except BaseException as exc:
+            self._leave(lock)
+            if isinstance(exc, TimeoutError):
+                raise LockTimeout(f"session {self.session_id} stayed busy for {self.wait:g} s") from None
+            raise
+        self.lock = lock
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.lock is not None
+        self.lock.release()
+        self._leave(self.lock)
+
+    def _leave(self, lock: asyncio.Lock) -> None:
+        _, users = self.locks[self.session_id]
+        if users == 1:
+            del self.locks[self.session_id]
+        else:
+            self.locks[self.session_id] = (lock, users - 1)
 
 
 class RecordLimit(Exception):
