@@ -80,3 +80,30 @@ async def test_a_redis_that_forgot_the_scripts_or_dropped_the_connection_is_serv
     finally:
         admin.close()
         await store.close()
+
+
+async def test_a_redis_that_never_answers_fails_the_command_and_the_next_one_starts_afresh() -> None:
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from service.stores.redis.pipeline import Pipeline
+
+    connections: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # reads nothing back: every command waits
+        await reader.read()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipeline = Pipeline(f"redis://127.0.0.1:{port}/0", timeout=0.3)
+    try:
+        for attempt in (1, 2):
+            with pytest.raises(RedisTimeoutError):
+                await pipeline.evalsha("0" * 40, "return 1", ["k"], [])
+            assert not pipeline._pending and pipeline._writer is None  # nothing left waiting on it
+            assert len(connections) == attempt  # the next command opened a connection of its own
+    finally:
+        await pipeline.close()
+        server.close()
+        for writer in connections:
+            writer.close()

@@ -58,7 +58,8 @@ class Pipeline:
         self._pending.append(answer)
         writer.write(packed)
         try:
-            reply = await asyncio.wait_for(answer, self.timeout)
+            async with asyncio.timeout(self.timeout):  # (no waiter and callbacks per command, unlike wait_for)
+                reply = await answer
         except TimeoutError:
             self.reset(RedisTimeoutError(f"redis did not answer within {self.timeout:g} s"))
             raise RedisTimeoutError(f"redis did not answer within {self.timeout:g} s") from None
