@@ -19,8 +19,13 @@ from tests.synthesis.conftest import make_config
 pytestmark = pytest.mark.anyio
 
 
+# These tests count requests, so a transport retry would read as an extra re-ask: the client waits
+# long enough that a loaded machine never makes the scripted server look timed out.
+PATIENT = 30.0
+
+
 def client(llm: Running, max_reasks: int = 2) -> LLMClient:
-    config = make_config(llm.url, llm={"max_reasks": max_reasks})
+    config = make_config(llm.url, llm={"max_reasks": max_reasks, "timeout": PATIENT})
     return LLMClient(config, Ledger(config.prices))
 
 
@@ -66,7 +71,7 @@ async def test_a_cut_off_answer_is_reasked_with_a_smaller_request_asking_for_bre
 
 
 async def test_answers_that_never_parse_are_not_replayed_from_the_cache(llm: Running, tmp_path: Path) -> None:
-    config = make_config(llm.url, llm={"max_reasks": 1})
+    config = make_config(llm.url, llm={"max_reasks": 1, "timeout": PATIENT})
     prompt = render("theme_judge", env="unit", item="malformed", task="Refund order 7.")
     for _ in range(2):
         c = LLMClient(config, Ledger(config.prices), cache=ResponseCache(tmp_path))
