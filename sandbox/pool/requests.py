@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -29,6 +30,9 @@ LANE_STEAL_AFTER = 1.0
 # A lent process's answer up to this size is decoded and checked on the event loop; a larger one
 # by the process's worker (see ``WorkerPool._checked``).
 INLINE_ANSWER_BYTES = 64 * 1024
+# How long a rebuild sends the stored text it could leave to a template, once a worker had to ask
+# for it (seconds).
+SEND_STATE_FOR = 1.0
 # Encoded initial states kept by template (least recently used out first), in characters.
 INITIAL_CACHE_BYTES = 64 << 20
 
@@ -40,6 +44,8 @@ class WorkerPool(Workers):
         self.live_calls = 0  # session calls served by a live instance
         self.lane_calls = 0  # of ``live_calls``, those made straight
         self.rebuilt_calls = 0  # and those that rebuilt it from the stored state
+        self.transit_calls = 0  # of ``rebuilt_calls``, those a full worker served without keeping it live
+        self._send_state_until = 0.0  # (``_asking``) until then a rebuild sends the stored text it could withhold
         self._initial: OrderedDict[str, tuple[str, str]] = OrderedDict()  # template -> (digest, state)
         self._initial_bytes = 0
 
@@ -117,7 +123,7 @@ class WorkerPool(Workers):
 
     async def session_call(self, env: EnvCode, session: str, step: int, name: str, arguments: dict[str, Any],
                            state: str | Stored | None = None, *, deltas: bool = False, stream: str | None = None,
-                           seed: int | None = None) -> CallOutcome | NeedState:
+                           seed: int | None = None, scope: str | None = None) -> CallOutcome | NeedState:
         """A call on ``session`` at ``step``: straight to its process when this service holds it at
         that step (see ``sandbox.lane``), else on the worker holding it live at that step if there
         is one, else with ``state``, the stored state. Without ``state`` and with no live process to
@@ -125,8 +131,12 @@ class WorkerPool(Workers):
         (a live session's call never reads it). The caller must ``forget`` the session if the step
         the call makes is not committed. With ``deltas`` the caller stores a changed tree state as
         a base plus a delta: the outcome may carry the ``delta`` instead of the state. ``stream``
-        and ``seed``: the session's randomness, for a rebuild (see ``sandbox.worker.randomness``)."""
+        and ``seed``: the session's randomness, for a rebuild (see ``sandbox.worker.randomness``).
+        ``scope``: the session's tenant; with it a full worker may serve a rebuilding call without
+        keeping the session live (see ``sandbox.worker.transit``), else it makes room for it."""
         message = self._call_message(env, name, arguments, deltas, stream, seed)
+        if scope is not None:
+            message["scope"] = scope
         if self.limits.rebuild_every_call:
             return NEED_STATE_ANSWER if state is None else await self._rebuilt_call(message, env, state)
         if state is None:
@@ -266,7 +276,8 @@ class WorkerPool(Workers):
                     # (its config only where the worker must build the template: see ``_roundtrip``)
                     message["template"], message["known"] = state.template, state.base
                     message["init_config"] = state.init_config or {}
-                    if session is not None and entries_in_place(state.delta) is not None:
+                    if session is not None and entries_in_place(state.delta) is not None \
+                            and time.monotonic() >= self._send_state_until:
                         # The template's state and the delta make the stored text: it stays here,
                         # unless the worker cannot rebuild the session from them (``NEED_STATE``).
                         withheld = message.pop("state")
@@ -288,7 +299,9 @@ class WorkerPool(Workers):
         except WorkerLost as exc:
             return outcome({"error": {"type": "sandbox_error", "message": exc.message}})
         # (the worker checked the answer of the process that ran environment code: ``answers.checked``)
-        if session is not None:
+        if answer.get(answers.TRANSIT) is True:
+            self.transit_calls += 1  # its worker keeps no more live sessions: the next call rebuilds again
+        elif session is not None:
             self._home(session[0], slot, session[1] + 1, answer.get("lane"))
         return outcome(answer)
 
@@ -305,6 +318,9 @@ class WorkerPool(Workers):
                     attempt[WITH_CONFIG] = True
                 elif exc.kind == NEED_STATE and withheld is not None and "state" not in attempt:
                     attempt.update({"state": withheld, WITH_CONFIG: True})
+                    # Mostly a full worker, whose transit process needs the text: for a while, send
+                    # it at once rather than ask twice (see ``sandbox.worker.transit``).
+                    self._send_state_until = time.monotonic() + SEND_STATE_FOR
                 else:
                     raise
 

@@ -82,6 +82,8 @@ class Call(Limited, total=False):
     lend: bool
     random: str  # as in ``Init``: for a rebuild, which stored randomness is the session's
     seed: int
+    scope: str  # the session's tenant: a full worker may serve the call in its transit process
+    transit: bool  # (the worker's, to that process: see ``sandbox.worker.transit``)
 
 
 class Score(Request, total=False):

@@ -117,9 +117,12 @@ class Runtime:
                     if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
                         return {"id": request.get("id"), "error": answer["error"]}
                     lent = answer.pop("lent", None) is True
+                    moved_on = answer.pop(answers.TRANSIT, None) is True
                     response = answers.checked(op, answer, request)
                     if lent:  # its descriptors are on their way, whatever the check found
                         response["lent"] = True
+                    if moved_on and response.get("error") is None:  # (not kept live: the pool must not home it)
+                        response[answers.TRANSIT] = True
                 case "init" | "call":
                     host = self.hosts.host(request["env"])
                     template = self.templates.template(host, request)

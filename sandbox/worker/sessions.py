@@ -26,7 +26,7 @@ from typing import Any
 from sandbox.wire import answers, protocol
 from sandbox.wire.answers import NEED_STATE, error
 from sandbox.wire.limits import DEFAULTS
-from sandbox.worker import processes
+from sandbox.worker import processes, transit
 from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, end, exited_by, outcome_error, read_answer
 from sandbox.worker.hosts import Host, Hosts, Resident, release
 from sandbox.worker.memory import Gauge
@@ -51,6 +51,9 @@ class Sessions:
         self.max_residents = max_residents
         self.resident_idle = resident_idle
         self.gauge = gauge  # the worker's memory cgroup, when one can be read
+        # What live sessions may hold, and what the group held after the last request (``fit_memory``).
+        self.room: int | None = None
+        self.used = 0
 
     def serve(self, request: dict[str, Any], lend: socket.socket | None) -> dict[str, Any]:
         """Serve an init or call of a session on its resident, starting one when the request
@@ -65,6 +68,8 @@ class Sessions:
         if resident is None and not fresh:
             return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
         host = self.hosts.host(key)
+        if resident is None and self._full(request):
+            return self._in_transit(host, request)
         if resident is None:
             started = self._start(host, request)
             if started is None:
@@ -96,6 +101,10 @@ class Sessions:
         taken = self.runner.take(template) if template is not None else None
         if taken is not None and template is not None:
             return Resident(key, *taken, parent=template)
+        return self._fork(host, key)
+
+    def _fork(self, host: Host, key: str) -> Resident | None:
+        """A fork of the environment's host, to serve a session (None: the host broke)."""
         try:
             taken = self.runner.take(host)
         except Unhealthy:
@@ -109,6 +118,35 @@ class Sessions:
             host = self.hosts.host(key)  # it died since its last use: one fresh start
             taken = self.runner.take(host)
         return None if taken is None else Resident(key, *taken, parent=host)
+
+    def _full(self, request: dict[str, Any]) -> bool:
+        """Whether a call that must rebuild its session goes to a transit process: the worker
+        keeps as many live sessions as it may, or its memory (as last measured) leaves no room
+        for another; the call names the tenant (``scope``) a transit process is kept for."""
+        if request["op"] != "call" or type(request.get("scope")) is not str or self.max_residents <= 0:
+            return False
+        if len(self.residents) >= self.max_residents:
+            return True
+        return self.room is not None and self.used > self.room - MEMORY_SLACK
+
+    def _in_transit(self, host: Host, request: dict[str, Any]) -> dict[str, Any]:
+        """Serve the call in the transit process of its environment and tenant (see
+        ``sandbox.worker.transit``): no live session ends to make room for this one."""
+        if "state" not in request:  # a delta for a template to complete: there is no room to fork one
+            return {"error": error(NEED_STATE, "this worker keeps no more live sessions: the stored state is needed")}
+        name = transit.key(request["scope"], request["env"])
+        process = self.residents.pop(name, None)
+        if process is None:
+            process = self._fork(host, request["env"])
+            if process is None:
+                return {"error": error(SANDBOX_ERROR, RESTARTED)}
+        answer, kept = self._on_resident(host, process, {**request, transit.FLAG: True}, answers.answer_cap(request))
+        if kept:
+            process.used = time.monotonic()
+            self.residents[name] = process
+        if answer.get("error") is None:
+            answer[transit.FLAG] = True
+        return answer
 
     def _on_resident(self, host: Host, resident: Resident, request: dict[str, Any],
                      cap: int) -> tuple[dict[str, Any], bool]:
@@ -209,11 +247,15 @@ class Sessions:
         if self.gauge is None or limit is None:
             return
         room = limit - self.hosts.limits.memory_bytes - MEMORY_SLACK
-        while self.residents and self.gauge.used() > room:
+        used = self.gauge.used()
+        while self.residents and used > room:
             self.hosts.end_resident(next(iter(self.residents)), wait=True)
             self.hosts.evicted += 1
-        while self.hosts.templates and self.gauge.used() > room:
+            used = self.gauge.used()
+        while self.hosts.templates and used > room:
             self.hosts.end_template(next(iter(self.hosts.templates)), wait=True)
+            used = self.gauge.used()
+        self.room, self.used = room, used
 
 
 def _lend(sock: socket.socket, resident: Resident) -> bool:

@@ -227,7 +227,7 @@ class Calls:
         outcome = await engine.pool.session_call(code, session_id, step, name, arguments, deltas=True, **chance)
         if isinstance(outcome, NeedState):  # no process holds the session live: rebuild it from the store
             outcome = await engine.pool.session_call(code, session_id, step, name, arguments, await stored_state(),
-                                                     deltas=True, **chance)
+                                                     deltas=True, scope=snap.meta.tenant, **chance)
         assert not isinstance(outcome, NeedState)  # (a call given the state never needs it)
         return arguments, outcome
 

@@ -443,10 +443,13 @@ def served(http: httpx.Client, session: str, calls: tuple[tuple[str, dict[str, A
     return answers
 
 
-@pytest.fixture(scope="module", params=["memory-process", "redis-process", "memory-docker", "redis-docker"])
+@pytest.fixture(scope="module", params=["memory-process", "redis-process", "memory-docker", "redis-docker",
+                                        "redis-process-transit"])
 def rebuilding(request: pytest.FixtureRequest) -> Iterator[AppServer]:
-    store, backend = request.param.split("-")
+    store, backend, *transit = request.param.split("-")
     env = {"ENVFOUNDRY_REBUILD_EVERY_CALL": "1", "ENVFOUNDRY_SANDBOX": backend}
+    if transit:  # one live session per worker: every other session's call runs in a transit process
+        env = {"ENVFOUNDRY_RESIDENTS": "1", "ENVFOUNDRY_SANDBOX": backend}
     if backend == "docker":
         request.getfixturevalue("docker_client")
         env["ENVFOUNDRY_SANDBOX_IMAGE"] = SANDBOX_IMAGE
@@ -515,6 +518,17 @@ def test_state_outside_the_instance_is_refused_when_added(http: httpx.Client, ki
     assert refused.status_code == 422, refused.text
     detail = refused.json()["detail"]
     assert "state_outside_instance" in refused.text and re.search(r"line \d+: `", detail), detail
+
+
+def test_with_one_live_session_per_worker_the_other_calls_ran_in_transit(http: httpx.Client,
+                                                                         request: pytest.FixtureRequest) -> None:
+    """(after the tests above, on the same server) Where each worker keeps one session live, the
+    calls of forks and group members above ran in transit processes and answered as the plain run;
+    where every call rebuilds, none did."""
+    mode = request.node.callspec.params["rebuilding"]
+    found = re.search(r'envfoundry_sandbox_session_calls\{instance="transit"\} (\S+)', http.get("/metrics").text)
+    assert found is not None
+    assert (float(found.group(1)) > 0) == mode.endswith("transit"), mode
 
 
 @pytest.fixture
