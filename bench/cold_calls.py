@@ -1,12 +1,12 @@
-"""Calls of sessions a full worker cannot keep live, against calls of live ones, in one run.
+"""Sessions beyond what a worker can give processes of their own, against sessions that all have one.
 
 Starts the service twice on one core (Redis store, 2 process workers): once with few live
 sessions per worker (``--residents``), so that most calls must rebuild their session, and once
 with room for every session. Each makes ``--sessions`` sessions of a scenario whose 4 KB state is
 in ``init_config`` (as groups), calls each once, then calls them in turn for ``--rounds`` rounds
 from one sequential client, and prints the CPU of the server's process tree per call and the p50,
-with the calls served live, rebuilt and (of those) in a transit process (see
-``sandbox/worker/transit.py``). No assertion: figures, and the ratio of cold calls to live ones.
+with the calls served live, rebuilt, and (of either) by a lodge (see ``sandbox/worker/lodge.py``).
+No assertion: figures, and the ratio of the first server's to the second's.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ def run(residents: int, sessions: int, rounds: int, cpu: int) -> dict[str, float
         server.stop()
     count = len(took)
     return {"cpu_ms": spent / count * 1000, "p50_ms": statistics.median(took) * 1000,
-            **{kind: after.get(kind, 0) - before.get(kind, 0) for kind in ("live", "rebuilt", "transit")}}
+            **{kind: after.get(kind, 0) - before.get(kind, 0) for kind in ("live", "rebuilt", "lodged")}}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=300)
-    parser.add_argument("--residents", type=int, default=20, help="live sessions per worker in the cold run")
+    parser.add_argument("--residents", type=int, default=20, help="session processes per worker in the full run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--server-cpu", type=int, default=1)
     args = parser.parse_args()
@@ -75,12 +75,12 @@ def main() -> int:
     cold = run(args.residents, args.sessions, args.rounds, args.server_cpu)
     print(f"{args.sessions} sessions (4 KB state in init_config) called in turn, {args.rounds} rounds, one client; "
           f"server on CPU {args.server_cpu}, Redis, 2 process workers")
-    print(f"{'live sessions/worker':>22} {'CPU ms/call':>12} {'p50 ms':>8} {'live':>6} {'rebuilt':>8} {'transit':>8}")
+    print(f"{'session processes/worker':>24} {'CPU ms/call':>12} {'p50 ms':>8} {'live':>6} {'rebuilt':>8} {'lodged':>8}")
     for label, row in ((str(4096), live), (str(args.residents), cold)):
-        print(f"{label:>22} {row['cpu_ms']:12.2f} {row['p50_ms']:8.2f} {row['live']:6.0f} {row['rebuilt']:8.0f} "
-              f"{row['transit']:8.0f}")
-    print(f"a cold call costs {cold['cpu_ms'] / live['cpu_ms']:.2f}x the CPU of a live one, "
-          f"p50 {cold['p50_ms'] / live['p50_ms']:.2f}x")
+        print(f"{label:>24} {row['cpu_ms']:12.2f} {row['p50_ms']:8.2f} {row['live']:6.0f} {row['rebuilt']:8.0f} "
+              f"{row['lodged']:8.0f}")
+    print(f"with {args.residents} session processes per worker a call costs {cold['cpu_ms'] / live['cpu_ms']:.2f}x "
+          f"the CPU of one with a process per session, p50 {cold['p50_ms'] / live['p50_ms']:.2f}x")
     return 0
 
 

@@ -48,8 +48,8 @@ class Metrics:
         self.store_errors = Counter("envfoundry_store_errors", "Session store operations that failed.", registry=r)
         self.workers = Gauge("envfoundry_sandbox_workers", "Sandbox workers by state.", ["state"], registry=r)
         self.session_calls = Gauge("envfoundry_sandbox_session_calls", "Session calls by where the instance was: "
-                                   "'live' in a worker, or 'rebuilt' from the stored state ('transit': "
-                                   "of those, served by a full worker without keeping the session live).", ["instance"],
+                                   "'live' in a worker, or 'rebuilt' from the stored state ('lodged': "
+                                   "of either, served by a process holding many sessions).", ["instance"],
                                    registry=r)
         self.sandbox_bounds = Gauge("envfoundry_sandbox_tenant_bounds", "Workers one tenant may hold ('cap') and "
                                     "workers kept for tenants holding none ('reserve').", ["bound"], registry=r)
@@ -90,7 +90,7 @@ class Metrics:
         self.worker_replacements.set(pool.replaced)
         self.session_calls.labels("live").set(pool.live_calls)
         self.session_calls.labels("rebuilt").set(pool.rebuilt_calls)
-        self.session_calls.labels("transit").set(pool.transit_calls)
+        self.session_calls.labels("lodged").set(pool.lodged_calls)
         for slot, memory in dict(getattr(pool, "memory", {})).items():
             worker = str(slot)
             self.live_sessions.labels(worker).set(memory.live)

@@ -44,7 +44,7 @@ class WorkerPool(Workers):
         self.live_calls = 0  # session calls served by a live instance
         self.lane_calls = 0  # of ``live_calls``, those made straight
         self.rebuilt_calls = 0  # and those that rebuilt it from the stored state
-        self.transit_calls = 0  # of ``rebuilt_calls``, those a full worker served without keeping it live
+        self.lodged_calls = 0  # session calls served by a lodge (see ``sandbox.worker.lodge``), live or rebuilt
         self._send_state_until = 0.0  # (``_asking``) until then a rebuild sends the stored text it could withhold
         self._initial: OrderedDict[str, tuple[str, str]] = OrderedDict()  # template -> (digest, state)
         self._initial_bytes = 0
@@ -132,8 +132,8 @@ class WorkerPool(Workers):
         the call makes is not committed. With ``deltas`` the caller stores a changed tree state as
         a base plus a delta: the outcome may carry the ``delta`` instead of the state. ``stream``
         and ``seed``: the session's randomness, for a rebuild (see ``sandbox.worker.randomness``).
-        ``scope``: the session's tenant; with it a full worker may serve a rebuilding call without
-        keeping the session live (see ``sandbox.worker.transit``), else it makes room for it."""
+        ``scope``: the session's tenant; with it a full worker rebuilds the session in the lodge of
+        its environment and tenant (see ``sandbox.worker.lodge``), else it makes room for it."""
         message = self._call_message(env, name, arguments, deltas, stream, seed)
         if scope is not None:
             message["scope"] = scope
@@ -299,9 +299,9 @@ class WorkerPool(Workers):
         except WorkerLost as exc:
             return outcome({"error": {"type": "sandbox_error", "message": exc.message}})
         # (the worker checked the answer of the process that ran environment code: ``answers.checked``)
-        if answer.get(answers.TRANSIT) is True:
-            self.transit_calls += 1  # its worker keeps no more live sessions: the next call rebuilds again
-        elif session is not None:
+        if answer.get(answers.LODGED) is True:
+            self.lodged_calls += 1
+        if session is not None:
             self._home(session[0], slot, session[1] + 1, answer.get("lane"))
         return outcome(answer)
 
@@ -318,8 +318,8 @@ class WorkerPool(Workers):
                     attempt[WITH_CONFIG] = True
                 elif exc.kind == NEED_STATE and withheld is not None and "state" not in attempt:
                     attempt.update({"state": withheld, WITH_CONFIG: True})
-                    # Mostly a full worker, whose transit process needs the text: for a while, send
-                    # it at once rather than ask twice (see ``sandbox.worker.transit``).
+                    # Mostly a full worker, whose lodge needs the text: for a while, send it at once
+                    # rather than ask twice (see ``sandbox.worker.lodge``).
                     self._send_state_until = time.monotonic() + SEND_STATE_FOR
                 else:
                     raise

@@ -24,6 +24,7 @@ from sandbox.pool.calls import EnvCode, request_failed
 from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Ending, Worker, WorkerMemory, resident_share, spawn
 from sandbox.wire import protocol
 from sandbox.wire.limits import Limits
+from sandbox.worker.sessions import MAX_LODGED
 
 log = logging.getLogger("envfoundry.sandbox")
 
@@ -272,8 +273,8 @@ class Workers:
         if held is not None:
             held.version = version
             self._lanes[session] = held
-        # Workers drop their least recently used residents; forget about as many here.
-        while len(self._homes) > self.size * max(self.limits.residents, 1):
+        # Workers drop their least recently used residents and lodged sessions; forget about as many here.
+        while len(self._homes) > self.size * (max(self.limits.residents, 1) + MAX_LODGED):
             self._unhome(next(iter(self._homes)))
 
     def _unhome(self, session: str) -> None:

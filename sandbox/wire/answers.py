@@ -44,9 +44,9 @@ NEED_CONFIG = "need_config"
 # A call of a session that leaves its state out, to a worker holding no live instance of that
 # session at the step named; the service sends it again with the stored state.
 NEED_STATE = "need_state"
-# A session call's answer field (the worker's): the call ran in a transit process, which does not
-# keep the session live (see ``sandbox.worker.transit``); its next call needs the stored state.
-TRANSIT = "transit"
+# A session call's answer field (the worker's): the session is live in a lodge, a process holding
+# many sessions' instances (see ``sandbox.worker.lodge``), not in a process of its own.
+LODGED = "lodged"
 # Room for the JSON around a call's state and result, beyond their own limits.
 FRAME_SLACK = 1 << 20
 

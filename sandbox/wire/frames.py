@@ -82,8 +82,9 @@ class Call(Limited, total=False):
     lend: bool
     random: str  # as in ``Init``: for a rebuild, which stored randomness is the session's
     seed: int
-    scope: str  # the session's tenant: a full worker may serve the call in its transit process
-    transit: bool  # (the worker's, to that process: see ``sandbox.worker.transit``)
+    scope: str  # the session's tenant: a full worker may rebuild the session in its lodge
+    lodged: bool  # (the worker's, to a lodge: see ``sandbox.worker.lodge``)
+    forget: list[str]  # (the worker's, to a lodge) the sessions it must drop first
 
 
 class Score(Request, total=False):

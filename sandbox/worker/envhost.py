@@ -29,7 +29,7 @@ from typing import Any
 from sandbox.state import decoder, encoder, signatures
 from sandbox.state.readonly import ReadOnly
 from sandbox.wire.answers import error
-from sandbox.worker import channel, randomness, rehearsal, transit
+from sandbox.worker import channel, lodge, randomness, rehearsal
 from sandbox.worker.confine import seccomp
 from sandbox.worker.confine.contain import die_with_parent
 from sandbox.worker.forks import (
@@ -52,8 +52,8 @@ from sandbox.worker.forks import (
     reap,
     spawn_spare,
 )
+from sandbox.worker.lodge import Lodge
 from sandbox.worker.resident import LiveSession, instantiate, public_state, resolver
-from sandbox.worker.transit import Transit
 
 
 def module_name(key: str) -> str:
@@ -218,12 +218,12 @@ class EnvHost:
             return functools.partial(_run_check, self.module, request)
         raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
 
-    def live(self, request: dict[str, Any]) -> LiveSession | Transit:
+    def live(self, request: dict[str, Any]) -> LiveSession | Lodge:
         """The instance a session's resident process serves (built in the fork, from its first
         request, unless this host is a template and holds it built already); or, for a fork the
-        worker keeps as a transit process, a new instance for every call (``sandbox.worker.transit``)."""
-        if request.get(transit.FLAG) is True and self.prebuilt is None:
-            return Transit(self.module, self.cls, self.readonly)
+        worker keeps as a lodge, the instances of many sessions (``sandbox.worker.lodge``)."""
+        if request.get(lodge.FLAG) is True and self.prebuilt is None:
+            return Lodge(self.module, self.cls, self.readonly)
         return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls, self.readonly)
 
     def start_template(self, message: dict[str, Any]) -> tuple[int, int]:

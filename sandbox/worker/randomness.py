@@ -109,6 +109,7 @@ class Stream:
         self.tag: str | None = None
         self.states: tuple[Any, Any] | None = None  # as last looked at
         self.value: str | None = None  # what the stored state holds under ``HIDDEN`` (None: nothing)
+        self.chosen = False  # the environment had seeded the ``random`` module itself, when last looked at
 
     def begin(self, request: dict[str, Any], stored: Any = None) -> None:
         """Set this process's randomness for the session of ``request``: the ``stored`` stream (the
@@ -140,9 +141,19 @@ class Stream:
             self.value = stored if type(stored) is str else None
         self.tag = tag
         self.states = _states()
+        self.chosen = _chosen
+
+    def resume(self) -> None:
+        """Put this process's randomness back where this session's last call left it: in a process
+        serving many sessions (``sandbox.worker.lodge``) another's call has drawn since."""
+        global _chosen
+        if self.states is not None:
+            _restore(*self.states)
+        _chosen = self.chosen
 
     def current(self) -> str | None:
         """The value to store under ``HIDDEN`` now: None while the session has not drawn."""
+        self.chosen = _chosen
         states = _states()
         if states != self.states:
             self.states = states

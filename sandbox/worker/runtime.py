@@ -36,7 +36,7 @@ from typing import Any
 
 from sandbox.wire import answers
 from sandbox.wire.answers import NEED_STATE, error
-from sandbox.worker import budget
+from sandbox.worker import budget, lodge
 from sandbox.worker.confine import contain
 from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, WorkerLimits, decode_answer
 from sandbox.worker.hosts import Hosts
@@ -117,12 +117,12 @@ class Runtime:
                     if isinstance(failure, dict) and failure.get("type") == NEED_STATE:
                         return {"id": request.get("id"), "error": answer["error"]}
                     lent = answer.pop("lent", None) is True
-                    moved_on = answer.pop(answers.TRANSIT, None) is True
+                    lodged = answer.pop(answers.LODGED, None) is True
                     response = answers.checked(op, answer, request)
                     if lent:  # its descriptors are on their way, whatever the check found
                         response["lent"] = True
-                    if moved_on and response.get("error") is None:  # (not kept live: the pool must not home it)
-                        response[answers.TRANSIT] = True
+                    if lodged and response.get("error") is None:
+                        response[answers.LODGED] = True
                 case "init" | "call":
                     host = self.hosts.host(request["env"])
                     template = self.templates.template(host, request)
@@ -155,7 +155,9 @@ class Runtime:
     def memory(self) -> dict[str, Any]:
         """Live sessions, what their processes hold, the worker's measured memory, evictions."""
         limit = self.gauge.limit() if self.gauge is not None else None
-        return {"live": len(self.hosts.residents), "templates": len(self.hosts.templates),
+        lodges = sum(1 for name in self.hosts.residents if lodge.is_lodge(name))
+        return {"live": len(self.hosts.residents) - lodges + len(self.sessions.lodged),
+                "templates": len(self.hosts.templates),
                 "live_bytes": sum(share_of(r.pid) for r in self.hosts.residents.values()),
                 "used": self.gauge.used() if self.gauge is not None else None, "limit": limit,
                 "evicted": self.hosts.evicted}
@@ -174,6 +176,7 @@ class Runtime:
         for session in ending.get("sessions") or ():
             if session in self.hosts.residents:  # (deleted: gone without a trace before this answer)
                 self.hosts.end_resident(session, reap=True)
+            self.sessions.forget(session)
         for key in ending.get("envs") or ():
             self.hosts.sources.pop(key, None)
             if key in self.hosts.hosts:

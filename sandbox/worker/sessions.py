@@ -26,7 +26,7 @@ from typing import Any
 from sandbox.wire import answers, protocol
 from sandbox.wire.answers import NEED_STATE, error
 from sandbox.wire.limits import DEFAULTS
-from sandbox.worker import processes, transit
+from sandbox.worker import lodge, processes
 from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, end, exited_by, outcome_error, read_answer
 from sandbox.worker.hosts import Host, Hosts, Resident, release
 from sandbox.worker.memory import Gauge
@@ -37,6 +37,8 @@ from sandbox.worker.zygote import HOST_GUARD, Unhealthy
 # Live sessions a worker keeps by default, and how long an unused one stays.
 MAX_RESIDENTS = DEFAULTS.residents
 RESIDENT_IDLE = DEFAULTS.resident_idle
+# Sessions one lodge holds live, at most (the least recently used go cold).
+MAX_LODGED = 20_000
 # Room kept free beyond one call's own memory limit (the worker's own work on its answer).
 MEMORY_SLACK = 32 << 20
 
@@ -54,6 +56,14 @@ class Sessions:
         # What live sessions may hold, and what the group held after the last request (``fit_memory``).
         self.room: int | None = None
         self.used = 0
+        # Sessions live in a lodge (see ``sandbox.worker.lodge``): the lodge's key, the step it holds
+        # the session at and the lodge's pid; each lodge's sessions (least recently used first) and
+        # when each was last used;
+        # and those a lodge must drop before its next request.
+        self.lodged: dict[str, tuple[str, int, int]] = {}
+        self.members: dict[str, dict[str, float]] = {}
+        self.forgotten: dict[str, list[str]] = {}
+        self.max_lodged = MAX_LODGED
 
     def serve(self, request: dict[str, Any], lend: socket.socket | None) -> dict[str, Any]:
         """Serve an init or call of a session on its resident, starting one when the request
@@ -65,11 +75,12 @@ class Sessions:
         if resident is not None and (fresh or resident.env != key or resident.version != request.get("version")):
             self.hosts.end_resident(session)
             resident = None
-        if resident is None and not fresh:
+        lodged = self._lodged(request) if resident is None else None
+        if resident is None and not fresh and lodged is None:
             return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
         host = self.hosts.host(key)
-        if resident is None and self._full(request):
-            return self._in_transit(host, request)
+        if lodged is not None or resident is None and self._full(request):
+            return self._in_lodge(host, request, lodged)
         if resident is None:
             started = self._start(host, request)
             if started is None:
@@ -120,38 +131,96 @@ class Sessions:
         return None if taken is None else Resident(key, *taken, parent=host)
 
     def _full(self, request: dict[str, Any]) -> bool:
-        """Whether a call that must rebuild its session goes to a transit process: the worker
-        keeps as many live sessions as it may, or its memory (as last measured) leaves no room
-        for another; the call names the tenant (``scope``) a transit process is kept for."""
+        """Whether a session that must be rebuilt goes to a lodge: the worker keeps as many
+        processes of live sessions as it may, or its memory (as last measured) leaves no room for
+        another; the request names the tenant (``scope``) a lodge is kept for."""
         if request["op"] != "call" or type(request.get("scope")) is not str or self.max_residents <= 0:
             return False
         if len(self.residents) >= self.max_residents:
             return True
         return self.room is not None and self.used > self.room - MEMORY_SLACK
 
-    def _in_transit(self, host: Host, request: dict[str, Any]) -> dict[str, Any]:
-        """Serve the call in the transit process of its environment and tenant (see
-        ``sandbox.worker.transit``): no live session ends to make room for this one."""
-        if "state" not in request:  # a delta for a template to complete: there is no room to fork one
-            return {"error": error(NEED_STATE, "this worker keeps no more live sessions: the stored state is needed")}
-        name = transit.key(request["scope"], request["env"])
+    def _lodged(self, request: dict[str, Any]) -> str | None:
+        """The lodge holding the session live at the step the request names, if one does."""
+        found = self.lodged.get(request["session"])
+        if found is None:
+            return None
+        name, version, pid = found
+        process = self.residents.get(name)
+        if process is None or process.pid != pid or version != request.get("version") or \
+                process.env != request["env"]:
+            self._unlodge(request["session"])
+            return None
+        return name
+
+    def _in_lodge(self, host: Host, request: dict[str, Any], name: str | None) -> dict[str, Any]:
+        """Serve the request in the lodge of its environment and tenant (see ``sandbox.worker.lodge``),
+        where the session then stays live: no session's process ends to make room for it."""
+        session = request["session"]
+        if name is None:
+            if "state" not in request:  # a delta for a template to complete: no fork of one is made here
+                return {"error": error(NEED_STATE, "this worker keeps no more live sessions' processes: "
+                                                   "the stored state is needed")}
+            name = lodge.key(request["scope"], request["env"])
+        # Until it answers (the lodge itself drops the instance if the call fails, and a request
+        # with the state replaces whatever it held).
+        self._unlodge(session, told=True)
         process = self.residents.pop(name, None)
         if process is None:
             process = self._fork(host, request["env"])
             if process is None:
                 return {"error": error(SANDBOX_ERROR, RESTARTED)}
-        answer, kept = self._on_resident(host, process, {**request, transit.FLAG: True}, answers.answer_cap(request))
-        if kept:
-            process.used = time.monotonic()
-            self.residents[name] = process
-        if answer.get("error") is None:
-            answer[transit.FLAG] = True
+            self.members[name], self.forgotten[name] = {}, []  # (whatever the last one held went with it)
+        sent = {**request, lodge.FLAG: True}
+        forget = self.forgotten.pop(name, None)
+        if forget:
+            sent[lodge.FORGET] = forget
+        answer, kept = self._on_resident(host, process, sent, answers.answer_cap(request), stays=True)
+        answer.pop("stays", None)
+        if not kept:
+            return answer
+        process.used = time.monotonic()
+        self.residents[name] = process
+        if answers.untouched(answer):
+            members = self.members.setdefault(name, {})
+            members[session] = process.used
+            self.lodged[session] = (name, int(request.get("next_version", -1)), process.pid)
+            answer[lodge.FLAG] = True
+            while len(members) > self.max_lodged:  # the least recently used go cold
+                self._unlodge(next(iter(members)))
         return answer
 
+    def _unlodge(self, session: str, *, told: bool = False) -> None:
+        """Forget that a lodge holds ``session``; it drops the instance before its next request
+        (``told``: that request is this session's own, which says what to do with it)."""
+        found = self.lodged.pop(session, None)
+        if found is not None:
+            self.members.get(found[0], {}).pop(session, None)
+            if not told:
+                self.forgotten.setdefault(found[0], []).append(session)
+
+    def forget(self, session: str) -> None:
+        """A deleted session: its lodge (if one holds it) drops the instance before this request is
+        answered, as a session's own process would end."""
+        found = self.lodged.get(session)
+        if found is None:
+            return
+        self._unlodge(session)
+        process = self.residents.pop(found[0], None)
+        host = None if process is None else process.parent or self.hosts.hosts.get(process.env)
+        if process is None or host is None:
+            return
+        request = {"op": "forget", "session": session, lodge.FLAG: True,
+                   lodge.FORGET: self.forgotten.pop(found[0], [])}
+        _, kept = self._on_resident(host, process, request, 1 << 16, stays=True)
+        if kept:
+            self.residents[found[0]] = process
+
     def _on_resident(self, host: Host, resident: Resident, request: dict[str, Any],
-                     cap: int) -> tuple[dict[str, Any], bool]:
+                     cap: int, *, stays: bool = False) -> tuple[dict[str, Any], bool]:
         """Run one request on ``resident``: only it runs meanwhile (as in ``Runner.run``); it is
-        stopped again once it has answered, or ended if its instance can no longer be trusted."""
+        stopped again once it has answered, or ended if its instance can no longer be trusted
+        (``stays``: a lodge, which says so itself, as its answer's ``stays``)."""
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         kept, outcome, overran = False, "timeout", False
         answer: dict[str, Any] | None = None
@@ -162,7 +231,8 @@ class Sessions:
             deadline = time.monotonic() + timeout
             if processes.write_by(resident.request_fd, protocol.encode_frame(request), deadline):
                 answer, outcome = read_answer(resident.answer_fd, deadline, cap, keep_open=True)
-            kept = outcome == "done" and answer is not None and answers.untouched(answer)
+            kept = outcome == "done" and answer is not None and (
+                answer.get("stays") is True if stays else answers.untouched(answer))
             if kept:
                 self._stop(resident)
             else:
@@ -225,8 +295,12 @@ class Sessions:
         return {"error": outcome_error(outcome, status & 0xFFFF, overran, timeout, int(request.get("cap", 0)))}
 
     def expire(self) -> None:
-        """End the residents, and the templates none of them came from, unused for ``resident_idle``."""
+        """End the residents, and the templates none of them came from, unused for ``resident_idle``;
+        lodges drop their sessions unused for as long."""
         idle = time.monotonic() - self.resident_idle
+        for members in self.members.values():
+            while members and next(iter(members.values())) <= idle:
+                self._unlodge(next(iter(members)))
         for session, resident in list(self.residents.items()):
             if resident.used > idle:
                 break

@@ -444,11 +444,11 @@ def served(http: httpx.Client, session: str, calls: tuple[tuple[str, dict[str, A
 
 
 @pytest.fixture(scope="module", params=["memory-process", "redis-process", "memory-docker", "redis-docker",
-                                        "redis-process-transit"])
+                                        "redis-process-lodged"])
 def rebuilding(request: pytest.FixtureRequest) -> Iterator[AppServer]:
-    store, backend, *transit = request.param.split("-")
+    store, backend, *lodged = request.param.split("-")
     env = {"ENVFOUNDRY_REBUILD_EVERY_CALL": "1", "ENVFOUNDRY_SANDBOX": backend}
-    if transit:  # one live session per worker: every other session's call runs in a transit process
+    if lodged:  # one session's process per worker: the other sessions live in lodges
         env = {"ENVFOUNDRY_RESIDENTS": "1", "ENVFOUNDRY_SANDBOX": backend}
     if backend == "docker":
         request.getfixturevalue("docker_client")
@@ -520,15 +520,15 @@ def test_state_outside_the_instance_is_refused_when_added(http: httpx.Client, ki
     assert "state_outside_instance" in refused.text and re.search(r"line \d+: `", detail), detail
 
 
-def test_with_one_live_session_per_worker_the_other_calls_ran_in_transit(http: httpx.Client,
-                                                                         request: pytest.FixtureRequest) -> None:
-    """(after the tests above, on the same server) Where each worker keeps one session live, the
-    calls of forks and group members above ran in transit processes and answered as the plain run;
-    where every call rebuilds, none did."""
+def test_with_one_session_process_per_worker_the_others_were_lodged(http: httpx.Client,
+                                                                    request: pytest.FixtureRequest) -> None:
+    """(after the tests above, on the same server) Where each worker keeps one session's process,
+    forks and group members above lived in lodges and answered as the plain run; where every call
+    rebuilds, nothing was lodged."""
     mode = request.node.callspec.params["rebuilding"]
-    found = re.search(r'envfoundry_sandbox_session_calls\{instance="transit"\} (\S+)', http.get("/metrics").text)
+    found = re.search(r'envfoundry_sandbox_session_calls\{instance="lodged"\} (\S+)', http.get("/metrics").text)
     assert found is not None
-    assert (float(found.group(1)) > 0) == mode.endswith("transit"), mode
+    assert (float(found.group(1)) > 0) == mode.endswith("lodged"), mode
 
 
 @pytest.fixture

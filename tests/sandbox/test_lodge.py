@@ -1,11 +1,12 @@
-"""A full worker serves calls that must rebuild their session in a transit process.
+"""A full worker keeps the sessions it has no room to give a process of their own in a lodge.
 
-At 10,000 sessions of an RL batch a worker cannot keep every one live: each call of a cold
-session used to end the least recently used live process to make room, then fork and rebuild
-its own. Now the worker keeps the live sessions it has room for, and a call of any other session
-of the same environment and tenant runs in one kept process that builds the instance from the
-stored state, answers, and drops it. These tests hold that such calls answer as the class run
-plainly, end no live session, reuse one process per tenant and never mix tenants.
+At 10,000 sessions of an RL batch a worker cannot keep a process (about 3 MB of its own) per
+session: each call of a cold session used to end the least recently used live process to make
+room, then fork and rebuild its own. Now, once full, the worker rebuilds such a session in one
+process per environment and tenant that holds many sessions' instances, where it stays live.
+These tests hold that lodged sessions answer as the class run plainly (their randomness too,
+while other sessions draw in the same process), end no session's process, stay live, never
+share a process with another tenant's, and go when deleted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.sandbox.calls import session_call
 pytestmark = pytest.mark.anyio
 
 LEDGER = '''
+import gc
 import os
 import random
 
@@ -47,8 +49,12 @@ class Ledger:
 
     def where(self) -> int:
         return os.getpid()
+
+    def census(self) -> int:
+        """Instances of this class alive in the process serving the call."""
+        return sum(1 for found in gc.get_objects() if isinstance(found, Ledger))
 '''
-ENV = EnvCode("transit-ledger", "transit_ledger", "Ledger", LEDGER)
+ENV = EnvCode("lodged-ledger", "lodged_ledger", "Ledger", LEDGER)
 
 
 def plain_run(calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -97,18 +103,17 @@ class Sessions:
         return outcome
 
 
-async def test_a_full_worker_answers_cold_sessions_as_the_class_run_plainly_and_ends_no_live_one(
-        pool_factory: Any) -> None:
+async def test_lodged_sessions_answer_as_the_class_run_plainly_and_stay_live(pool_factory: Any) -> None:
     async with pool_factory(size=1, residents=2) as pool:
         sessions = Sessions(pool, "tenant-a")
         names = [f"s{i}" for i in range(6)]
         for name in names:
             await sessions.create(name)
         script = [("add", {"amount": 5, "tag": "b"}), ("fail", {"amount": 100}), ("add", {"amount": -2, "tag": "a"}),
-                  ("add", {"amount": 7, "tag": "c"})]
+                  ("add", {"amount": 7, "tag": "c"}), ("add", {"amount": 1, "tag": "b"})]
         expected = plain_run(script)
         answers: dict[str, list[Any]] = {name: [] for name in names}
-        for name, arguments in script:  # the sessions in turn: at most two of them fit live
+        for name, arguments in script:  # the sessions in turn, each drawing between the others' draws
             for session in names:
                 outcome = await sessions.call(session, name, arguments)
                 answers[session].append(outcome.result if outcome.ok else None)
@@ -116,25 +121,50 @@ async def test_a_full_worker_answers_cold_sessions_as_the_class_run_plainly_and_
                     assert outcome.error is not None and outcome.error["type"] == "tool_exception"
         assert all(answers[session] == expected for session in names), answers
         (memory,) = (await pool.measure()).values()
-        assert pool.transit_calls >= 4 * len(script) - 4  # the cold sessions' calls (a failed one may not count)
-        assert memory.evicted == 0 and pool.replaced == 0
+        assert memory.evicted == 0 and pool.replaced == 0 and memory.live == len(names)
+        # Four sessions lodged at their first call, and again after the failed one; every other
+        # call of theirs was live.
+        assert pool.rebuilt_calls == 4 + 4 + 2, pool.rebuilt_calls
+        assert pool.live_calls == len(names) * len(script) - pool.rebuilt_calls
+        # The four lodged from the start (but their failed calls), and s4 once its failed call had
+        # ended its own process: the lodge is then one of the worker's two processes.
+        assert pool.lodged_calls == 4 * (len(script) - 1) + len(script) - 2
 
 
-async def test_one_process_serves_a_tenants_cold_sessions_and_none_of_another_tenants(pool_factory: Any) -> None:
+async def test_one_lodge_holds_a_tenants_sessions_and_none_of_another_tenants(pool_factory: Any) -> None:
     async with pool_factory(size=1, residents=1) as pool:
         first, second = Sessions(pool, "tenant-a"), Sessions(pool, "tenant-b")
         for name in ("b0", "b1"):
             await second.create(name)
         for name in ("a0", "a1", "a2"):
-            await first.create(name)  # the last one stays live
+            await first.create(name)  # the last one keeps its own process
         pids = {}
         for sessions, name in ((first, "a0"), (second, "b0"), (first, "a1"), (second, "b1"), (first, "a2")):
             outcome = await sessions.call(name, "where", {})
             assert outcome.ok, outcome.error
             pids[name] = outcome.result
-        assert pids["a0"] == pids["a1"] != pids["a2"]  # one process, no fork per call; a2 in its own
+        assert pids["a0"] == pids["a1"] != pids["a2"]  # one process, no fork per session
         assert pids["b0"] == pids["b1"] != pids["a0"]
-        assert pool.transit_calls == 4 and pool.live_calls == 1
+        assert pool.lodged_calls == 4 and pool.rebuilt_calls == 4
+        again = await first.call("a0", "where", {})  # live now: no state read, same process
+        assert again.result == pids["a0"] and pool.rebuilt_calls == 4 and pool.lodged_calls == 5
+
+
+async def test_a_deleted_lodged_session_is_gone_and_the_others_stay(pool_factory: Any) -> None:
+    async with pool_factory(size=1, residents=1) as pool:
+        sessions = Sessions(pool, "tenant-a")
+        for name in ("d0", "d1", "d2"):
+            await sessions.create(name)
+        for name in ("d0", "d1"):
+            assert (await sessions.call(name, "add", {"amount": 3, "tag": "x"})).ok
+        assert (await sessions.call("d1", "census", {})).result == 2  # d0 and d1 live in one lodge
+        pool.end_session("d0")
+        outcome = await sessions.call("d1", "add", {"amount": 4, "tag": "y"})  # (carries the deletion)
+        assert outcome.ok and outcome.result["balance"] == 7
+        assert (await sessions.call("d1", "census", {})).result == 1
+        (memory,) = (await pool.measure()).values()
+        assert memory.live == 2  # d1 lodged, d2 in its own process
+        assert pool.rebuilt_calls == 2
 
 
 async def test_without_a_tenant_a_cold_call_makes_room_as_before(pool_factory: Any) -> None:
@@ -145,4 +175,4 @@ async def test_without_a_tenant_a_cold_call_makes_room_as_before(pool_factory: A
         for name in ("c0", "c1", "c0"):
             outcome = await sessions.call(name, "add", {"amount": 1, "tag": "x"})
             assert outcome.ok, outcome.error
-        assert pool.transit_calls == 0 and pool.rebuilt_calls == 3  # each ends the other's process
+        assert pool.lodged_calls == 0 and pool.rebuilt_calls == 3  # each ends the other's process
