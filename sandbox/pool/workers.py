@@ -436,7 +436,10 @@ class Workers:
             raise WorkerLost(f"the sandbox worker was lost ({exc}) and replaced") from None
         finally:
             worker.requests += 1
-            if healthy and worker.requests < self.max_requests:
+            # Past its request count a worker is recycled once it holds no live session: ending it
+            # earlier would send every session it holds back to the store to be rebuilt (thousands,
+            # in an RL batch whose calls all pass through it).
+            if healthy and (worker.requests < self.max_requests or self._housed[worker.slot] > 0):
                 self._put(worker)
             else:
                 self._replace(worker)

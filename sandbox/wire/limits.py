@@ -49,11 +49,12 @@ class Limits:
                               call="max_state_bytes")
     # a larger diff is summarised (the service sets it to a trajectory record's bound)
     diff_bytes: int = _limit(256 * 1024, "Size of a call's diff before it is summarised.", call="max_diff_bytes")
-    # A bound on processes and descriptors, not on memory (``resident_memory_mb`` is, and binds
-    # first: at about 3 MB a live session, 4,096 take 12 GB): an RL batch keeps thousands of sessions
-    # open and calls each rarely, and a session that went cold pays a fork on its next call.
-    residents: int = _limit(4096, "Live sessions each sandbox worker keeps between calls, at most (0: every "
-                                  "call rebuilds the instance from the stored state).", setting="residents",
+    # A session's own process holds about 3 MB that it shares with nothing: beyond these, a worker
+    # keeps sessions live in lodges, many to a process (see ``sandbox.worker.lodge``), whose calls
+    # pass through the worker. An RL batch keeps thousands open and calls each rarely.
+    residents: int = _limit(512, "Sessions each sandbox worker keeps live in a process of their own, at most; "
+                                 "beyond, they live in lodges (0: no session is kept live, every call rebuilds "
+                                 "the instance from the stored state).", setting="residents",
                             flag="--residents", ge=0, le=4096)
     # A check of environment code (a correct class gives the same results either way), not a way
     # to serve: every call then decodes the state and starts a process.

@@ -52,7 +52,7 @@ from sandbox.worker.forks import (
     reap,
     spawn_spare,
 )
-from sandbox.worker.lodge import Lodge
+from sandbox.worker.lodge import LODGE_SPACE, Lodge
 from sandbox.worker.resident import LiveSession, instantiate, public_state, resolver
 
 
@@ -223,7 +223,7 @@ class EnvHost:
         request, unless this host is a template and holds it built already); or, for a fork the
         worker keeps as a lodge, the instances of many sessions (``sandbox.worker.lodge``)."""
         if request.get(lodge.FLAG) is True and self.prebuilt is None:
-            return Lodge(self.module, self.cls, self.readonly)
+            return Lodge(self.module, self.cls, self.readonly, request)
         return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls, self.readonly)
 
     def start_template(self, message: dict[str, Any]) -> tuple[int, int]:
@@ -352,7 +352,9 @@ def _start_host(spec: dict[str, Any], limits: WorkerLimits) -> tuple[int, int]:
             # Other environments' layers are hidden (``limits.hidden``); this one's stays readable.
             hide_paths(limits, tuple(layers))
             seccomp.confine_session()
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        # A call lowers the hard limit to its own at its start; a lodge, which holds many sessions,
+        # to its own above that (``sandbox.worker.lodge``): memory itself is the cgroup's to bound.
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes + LODGE_SPACE))
         try:
             use_layers(layers, limits.layers_root)
             module, cls = compile_env(spec["env"], spec["env_id"], spec["class_name"], spec["code"],

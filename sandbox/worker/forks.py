@@ -221,6 +221,10 @@ class Session(Protocol):
         (False once anything may have changed the instance without the change being answered)."""
         ...
 
+    def address_space(self, limits: WorkerLimits) -> int:
+        """The address-space limit of this process (set once: it cannot go back up)."""
+        ...
+
 
 def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, answer_fd: int,
                   limits: WorkerLimits) -> NoReturn:
@@ -238,7 +242,7 @@ def serve_session(session: Session, request: dict[str, Any], source: BinaryIO, a
     while True:
         timeout = float(request.get("timeout", DEFAULT_TIMEOUT))
         try:
-            _set_call_limits(timeout, limits, renew=True)
+            _set_call_limits(timeout, limits, renew=True, address_space=session.address_space(limits))
         except (OSError, ValueError):
             os._exit(1)
         payload, keep = _answer(functools.partial(session.handle, request), limits)
@@ -362,10 +366,12 @@ def outcome_error(outcome: str, status: int, overran: bool, timeout: float, cap:
     return _death(status)
 
 
-def _set_call_limits(timeout: float, limits: WorkerLimits, renew: bool = False) -> None:
+def _set_call_limits(timeout: float, limits: WorkerLimits, renew: bool = False, address_space: int = 0) -> None:
     """Limits of one call. ``renew``: for a resident's next call, so hard limits stay where they
-    were (they cannot go back up) and CPU time counts from what the process has used so far."""
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    were (they cannot go back up) and CPU time counts from what the process has used so far.
+    ``address_space``: for a process holding more than one call's memory (a lodge)."""
+    space = max(address_space, limits.memory_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (space, space))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     if renew:
         used = resource.getrusage(resource.RUSAGE_SELF)

@@ -29,10 +29,14 @@ from sandbox.wire.answers import LODGED, NEED_STATE, error
 from sandbox.worker.resident import LiveSession
 
 # The request field that makes a host's fork a lodge (and names it on each request), the field of
-# the sessions a lodge must drop before serving one, and the prefix of the key a worker keeps a
-# lodge under among its live processes (no session id holds a NUL).
+# the sessions a lodge must drop before serving one, the field of the memory it may hold beyond one
+# call's (its first request's), and the prefix of the key a worker keeps a lodge under among its
+# live processes (no session id holds a NUL).
 FLAG = LODGED
 FORGET = "forget"
+HOLDS = "lodge_bytes"
+# The address space a lodge may take beyond one call's, at most, whatever the worker's room.
+LODGE_SPACE = 16 << 30
 PREFIX = "\x00lodge\x00"
 
 
@@ -48,11 +52,18 @@ def is_lodge(name: str) -> bool:
 class Lodge:
     """The live instances of many sessions of one environment, by session id."""
 
-    def __init__(self, module: types.ModuleType, cls: type, readonly: ReadOnly | None) -> None:
+    def __init__(self, module: types.ModuleType, cls: type, readonly: ReadOnly | None, first: dict[str, Any]) -> None:
         self.module = module
         self.cls = cls
         self.readonly = readonly
         self.sessions: dict[str, LiveSession] = {}
+        holds = first.get(HOLDS)
+        self.holds = max(0, holds) if type(holds) is int else 0
+
+    def address_space(self, limits: Any) -> int:
+        """One call's limit above what the sessions may hold, as the first request said (the worker's
+        room for live sessions): set once, it cannot go back up (``forks._set_call_limits``)."""
+        return int(limits.memory_bytes) + min(self.holds, LODGE_SPACE)
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """The answer to ``request``, with ``stays`` when this process may serve on (any failure

@@ -130,6 +130,10 @@ class LiveSession:
         self.hidden: str | None = None
         self.drew = False  # (a template) its ``__init__`` drew randomness: sessions must not share it
 
+    def address_space(self, limits: Any) -> int:
+        """One call's limit: the process holds this session alone."""
+        return int(limits.memory_bytes)
+
     @property
     def text(self) -> str:
         """The stored (encoded) state the instance matches; after a watched call, joined from the

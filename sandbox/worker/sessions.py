@@ -37,8 +37,14 @@ from sandbox.worker.zygote import HOST_GUARD, Unhealthy
 # Live sessions a worker keeps by default, and how long an unused one stays.
 MAX_RESIDENTS = DEFAULTS.residents
 RESIDENT_IDLE = DEFAULTS.resident_idle
-# Sessions one lodge holds live, at most (the least recently used go cold).
+# Sessions one lodge holds live, at most (the least recently used go cold), and the least memory
+# they may hold (beyond one call's limit) where the worker cannot measure its room.
 MAX_LODGED = 20_000
+LODGE_BYTES = 1 << 30
+# What a lodged session is taken to hold: its stored text times this, plus this, and a lodge holds
+# the least recently used out past half the room its worker has for live sessions.
+LODGED_WEIGHT = 16
+LODGED_OVERHEAD = 256 << 10
 # Room kept free beyond one call's own memory limit (the worker's own work on its answer).
 MEMORY_SLACK = 32 << 20
 
@@ -63,6 +69,9 @@ class Sessions:
         self.lodged: dict[str, tuple[str, int, int]] = {}
         self.members: dict[str, dict[str, float]] = {}
         self.forgotten: dict[str, list[str]] = {}
+        # What each lodged session is taken to hold, and each lodge in all (``_weigh``).
+        self.weights: dict[str, int] = {}
+        self.load: dict[str, int] = {}
         self.max_lodged = MAX_LODGED
 
     def serve(self, request: dict[str, Any], lend: socket.socket | None) -> dict[str, Any]:
@@ -170,8 +179,13 @@ class Sessions:
             process = self._fork(host, request["env"])
             if process is None:
                 return {"error": error(SANDBOX_ERROR, RESTARTED)}
-            self.members[name], self.forgotten[name] = {}, []  # (whatever the last one held went with it)
-        sent = {**request, lodge.FLAG: True}
+            for gone in self.members.get(name, {}):  # whatever the last one held went with it
+                self.lodged.pop(gone, None)
+                self.weights.pop(gone, None)
+            self.members[name], self.forgotten[name], self.load[name] = {}, [], 0
+        # What its sessions may hold: the worker's room for live sessions where it is measured.
+        holds = self.room if self.room is not None else LODGE_BYTES
+        sent = {**request, lodge.FLAG: True, lodge.HOLDS: max(holds, LODGE_BYTES)}
         forget = self.forgotten.pop(name, None)
         if forget:
             sent[lodge.FORGET] = forget
@@ -185,10 +199,21 @@ class Sessions:
             members = self.members.setdefault(name, {})
             members[session] = process.used
             self.lodged[session] = (name, int(request.get("next_version", -1)), process.pid)
+            self._weigh(name, session, answer.get("state") or request.get("state"))
             answer[lodge.FLAG] = True
-            while len(members) > self.max_lodged:  # the least recently used go cold
-                self._unlodge(next(iter(members)))
+            budget = (self.room if self.room is not None else LODGE_BYTES) // 2
+            while len(members) > self.max_lodged or len(members) > 1 and self.load[name] > budget:
+                self._unlodge(next(iter(members)))  # the least recently used go cold
         return answer
+
+    def _weigh(self, name: str, session: str, text: Any) -> None:
+        """What a lodged session is taken to hold, from its stored text when a request or answer
+        carries it (the live objects of a state take many times its text; ``LODGED_WEIGHT``)."""
+        if type(text) is not str:
+            return
+        weight = LODGED_WEIGHT * len(text) + LODGED_OVERHEAD
+        self.load[name] = self.load.get(name, 0) + weight - self.weights.get(session, 0)
+        self.weights[session] = weight
 
     def _unlodge(self, session: str, *, told: bool = False) -> None:
         """Forget that a lodge holds ``session``; it drops the instance before its next request
@@ -196,6 +221,7 @@ class Sessions:
         found = self.lodged.pop(session, None)
         if found is not None:
             self.members.get(found[0], {}).pop(session, None)
+            self.load[found[0]] = self.load.get(found[0], 0) - self.weights.pop(session, 0)
             if not told:
                 self.forgotten.setdefault(found[0], []).append(session)
 

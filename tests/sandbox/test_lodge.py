@@ -176,3 +176,39 @@ async def test_without_a_tenant_a_cold_call_makes_room_as_before(pool_factory: A
             outcome = await sessions.call(name, "add", {"amount": 1, "tag": "x"})
             assert outcome.ok, outcome.error
         assert pool.lodged_calls == 0 and pool.rebuilt_calls == 3  # each ends the other's process
+
+
+DATABASE = '''
+class Database:
+    def __init__(self, config=None):
+        self.records = {f"r{i:05d}": {"name": "x" * 120, "n": i} for i in range(6000)}
+
+    def write(self, key: str, n: int) -> dict:
+        self.records[key] = {"name": "y", "n": n}
+        return {"n": n}
+'''
+DATABASE_ENV = EnvCode("lodged-database", "lodged_database", "Database", DATABASE)
+
+
+async def test_a_lodge_keeps_what_its_workers_memory_has_room_for(pool_factory: Any) -> None:
+    """Sessions over a 1 MB state: a lodge lets its least recently used go cold past half the
+    room its worker has for live sessions, so no call fails and no worker is lost for memory."""
+    async with pool_factory(size=1, residents=1, memory_mb=128, resident_memory_mb=96, call_timeout=10.0) as pool:
+        states: dict[str, str] = {}
+        names = [f"m{i}" for i in range(10)]
+        for name in names:
+            states[name] = await pool.init_state(DATABASE_ENV, {}, session=name)
+        for step in range(2):
+            for name in names:
+                async def stored(name: str = name) -> str:
+                    return states[name]
+
+                outcome = await session_call(pool, DATABASE_ENV, name, step, stored, "write",
+                                             {"key": "r00001", "n": step}, scope="tenant-a")
+                assert outcome.ok, outcome.error
+                assert outcome.state is not None
+                states[name] = outcome.state
+        (memory,) = (await pool.measure()).values()
+        assert pool.replaced == 0 and pool.lodged_calls > 0
+        assert 1 < memory.live < len(names), memory  # some lodged, not all of them
+        assert pool.rebuilt_calls > len(names)  # those let go came back from the store

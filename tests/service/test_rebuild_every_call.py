@@ -21,7 +21,7 @@ from tests.in_process import start_app
 
 def test_the_setting_means_no_residents() -> None:
     assert Settings(rebuild_every_call=True).limits().residents == 0
-    assert Settings().limits().rebuild_every_call is False and Settings().limits().residents == 4096
+    assert Settings().limits().rebuild_every_call is False and Settings().limits().residents == 512
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ for a longer soak and its figures:
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -49,6 +50,7 @@ class Figures:
     processes: int
     keys: int
     bases: int  # shared initial states: kept until their TTL, not by any one session
+    replaced: int  # workers replaced since start (recycled, here)
 
     def line(self) -> str:
         return (f"RSS {self.rss_kib / 1024:.1f} MiB, {self.fds} fds, {self.workers} workers, "
@@ -77,7 +79,15 @@ def measure(server: Server, store: redis.Redis, prefix: str) -> Figures:
                  if not key.startswith((f"{prefix}:base:".encode(), f"{prefix}:catalog:".encode()))
                  and not key.endswith(b":record-bytes")),
         bases=sum(1 for _ in store.scan_iter(match=f"{prefix}:base:*", count=1000)),
+        replaced=replacements(server),
     )
+
+
+def replacements(server: Server) -> int:
+    with server.client() as http:
+        found = re.search(r"^envfoundry_sandbox_worker_replacements (\S+)$", http.get("/metrics").text, re.MULTILINE)
+    assert found is not None
+    return int(float(found.group(1)))
 
 
 def cycle(http: httpx.Client, value: int) -> None:
@@ -125,6 +135,8 @@ def test_create_call_delete_cycles_leave_memory_descriptors_workers_and_keys_fla
     assert after.rss_kib - before.rss_kib <= RSS_MARGIN_KIB, (before, after)
     assert abs(after.fds - before.fds) <= FD_MARGIN, (before, after)
     assert after.workers == before.workers == WORKERS
+    # (a worker past its request count is recycled once it holds no live session: between cycles)
+    assert after.replaced >= before.replaced + WORKERS, (before, after)
     # a worker recycled near the end may not have started its environment host yet: fewer, never more
     assert after.processes <= before.processes, (before, after)
     assert before.keys == 0 and after.keys == 0, "deleted sessions left keys behind"
