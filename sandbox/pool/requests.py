@@ -281,6 +281,7 @@ class WorkerPool(Workers):
                         # The template's state and the delta make the stored text: it stays here,
                         # unless the worker cannot rebuild the session from them (``NEED_STATE``).
                         withheld = message.pop("state")
+                        message["state_bytes"] = len(withheld)  # (where a full worker may lodge it)
         elif state is not None:
             message["state"] = state
         prefer = None

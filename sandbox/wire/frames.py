@@ -85,6 +85,7 @@ class Call(Limited, total=False):
     scope: str  # the session's tenant: a full worker may rebuild the session in its lodge
     lodged: bool  # (the worker's, to a lodge: see ``sandbox.worker.lodge``)
     forget: list[str]  # (the worker's, to a lodge) the sessions it must drop first
+    state_bytes: int  # the length of the stored text left out (``template`` and ``delta`` make it)
 
 
 class Score(Request, total=False):

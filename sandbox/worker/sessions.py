@@ -41,6 +41,8 @@ RESIDENT_IDLE = DEFAULTS.resident_idle
 # they may hold (beyond one call's limit) where the worker cannot measure its room.
 MAX_LODGED = 20_000
 LODGE_BYTES = 1 << 30
+# The largest stored state a session may have to be lodged (a process of its own costs about 3 MB).
+LODGE_STATE_BYTES = 128 << 10
 # What a lodged session is taken to hold: its stored text times this, plus this, and a lodge holds
 # the least recently used out past half the room its worker has for live sessions.
 LODGED_WEIGHT = 16
@@ -144,6 +146,12 @@ class Sessions:
         processes of live sessions as it may, or its memory (as last measured) leaves no room for
         another; the request names the tenant (``scope``) a lodge is kept for."""
         if request["op"] != "call" or type(request.get("scope")) is not str or self.max_residents <= 0:
+            return False
+        # A large state is cheaper in a process of its own, forked from its template, whose pages
+        # it shares: a lodge holds a whole copy of every state.
+        state = request.get("state")
+        size = len(state) if type(state) is str else request.get("state_bytes")
+        if type(size) is not int or size > LODGE_STATE_BYTES:
             return False
         if len(self.residents) >= self.max_residents:
             return True

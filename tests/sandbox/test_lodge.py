@@ -178,37 +178,52 @@ async def test_without_a_tenant_a_cold_call_makes_room_as_before(pool_factory: A
         assert pool.lodged_calls == 0 and pool.rebuilt_calls == 3  # each ends the other's process
 
 
-DATABASE = '''
+
+def database(records: int) -> EnvCode:
+    code = f'''
 class Database:
     def __init__(self, config=None):
-        self.records = {f"r{i:05d}": {"name": "x" * 120, "n": i} for i in range(6000)}
+        self.records = {{f"r{{i:05d}}": {{"name": "x" * 120, "n": i}} for i in range({records})}}
 
     def write(self, key: str, n: int) -> dict:
-        self.records[key] = {"name": "y", "n": n}
-        return {"n": n}
+        self.records[key] = {{"name": "y", "n": n}}
+        return {{"n": n}}
 '''
-DATABASE_ENV = EnvCode("lodged-database", "lodged_database", "Database", DATABASE)
+    return EnvCode(f"lodged-database-{records}", f"lodged_database_{records}", "Database", code)
+
+
+async def _write_in_turn(pool: WorkerPool, env: EnvCode, names: list[str], steps: int) -> None:
+    states: dict[str, str] = {}
+    for name in names:
+        states[name] = await pool.init_state(env, {}, session=name)
+    for step in range(steps):
+        for name in names:
+            async def stored(name: str = name) -> str:
+                return states[name]
+
+            outcome = await session_call(pool, env, name, step, stored, "write", {"key": "r00001", "n": step},
+                                         scope="tenant-a")
+            assert outcome.ok, outcome.error
+            assert outcome.state is not None
+            states[name] = outcome.state
 
 
 async def test_a_lodge_keeps_what_its_workers_memory_has_room_for(pool_factory: Any) -> None:
-    """Sessions over a 1 MB state: a lodge lets its least recently used go cold past half the
-    room its worker has for live sessions, so no call fails and no worker is lost for memory."""
-    async with pool_factory(size=1, residents=1, memory_mb=128, resident_memory_mb=96, call_timeout=10.0) as pool:
-        states: dict[str, str] = {}
-        names = [f"m{i}" for i in range(10)]
-        for name in names:
-            states[name] = await pool.init_state(DATABASE_ENV, {}, session=name)
-        for step in range(2):
-            for name in names:
-                async def stored(name: str = name) -> str:
-                    return states[name]
-
-                outcome = await session_call(pool, DATABASE_ENV, name, step, stored, "write",
-                                             {"key": "r00001", "n": step}, scope="tenant-a")
-                assert outcome.ok, outcome.error
-                assert outcome.state is not None
-                states[name] = outcome.state
+    """Sessions over a 110 KB state: a lodge lets its least recently used go cold past half the
+    room its worker has for live sessions (each taken to hold 16 times its text), so no call
+    fails and no worker is lost for memory."""
+    async with pool_factory(size=1, residents=1, memory_mb=128, resident_memory_mb=16, call_timeout=10.0) as pool:
+        names = [f"m{i}" for i in range(40)]
+        await _write_in_turn(pool, database(800), names, 2)
         (memory,) = (await pool.measure()).values()
         assert pool.replaced == 0 and pool.lodged_calls > 0
         assert 1 < memory.live < len(names), memory  # some lodged, not all of them
         assert pool.rebuilt_calls > len(names)  # those let go came back from the store
+
+
+async def test_a_session_over_a_large_state_keeps_a_process_of_its_own(pool_factory: Any) -> None:
+    """A lodge would hold a whole copy of a 1 MB state; a process forked from its template shares
+    the template's pages: past 128 KB a full worker makes room as before."""
+    async with pool_factory(size=1, residents=1, call_timeout=10.0) as pool:
+        await _write_in_turn(pool, database(7000), ["big0", "big1", "big2"], 2)
+        assert pool.lodged_calls == 0 and pool.rebuilt_calls == 6
