@@ -66,8 +66,7 @@ class Sessions:
         self.used = 0
         # Sessions live in a lodge (see ``sandbox.worker.lodge``): the lodge's key, the step it holds
         # the session at and the lodge's pid; each lodge's sessions (least recently used first) and
-        # when each was last used;
-        # and those a lodge must drop before its next request.
+        # when each was last used; and those a lodge must drop before its next request.
         self.lodged: dict[str, tuple[str, int, int]] = {}
         self.members: dict[str, dict[str, float]] = {}
         self.forgotten: dict[str, list[str]] = {}
@@ -86,7 +85,11 @@ class Sessions:
         if resident is not None and (fresh or resident.env != key or resident.version != request.get("version")):
             self.hosts.end_resident(session)
             resident = None
-        lodged = self._lodged(request) if resident is None else None
+        lodged = None
+        if resident is None and request["op"] == "call":
+            lodged = self._lodged(request)
+        elif resident is None:
+            self._unlodge(session)  # (an init makes the session anew)
         if resident is None and not fresh and lodged is None:
             return {"error": error(NEED_STATE, "this worker holds no live instance of the session at that step")}
         host = self.hosts.host(key)
