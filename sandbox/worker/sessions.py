@@ -190,7 +190,7 @@ class Sessions:
             process = self._fork(host, request["env"])
             if process is None:
                 return {"error": error(SANDBOX_ERROR, RESTARTED)}
-            for gone in self.members.get(name, {}):  # whatever the last one held went with it
+            for gone in (*self.members.get(name, {}), session):  # whatever the last one held went with it
                 self.lodged.pop(gone, None)
                 self.weights.pop(gone, None)
             self.members[name], self.forgotten[name], self.load[name] = {}, [], 0
@@ -203,10 +203,13 @@ class Sessions:
         answer, kept = self._on_resident(host, process, sent, answers.answer_cap(request), stays=True)
         answer.pop("stays", None)
         if not kept:
+            self.weights.pop(session, None)
             return answer
         process.used = time.monotonic()
         self.residents[name] = process
-        if answers.untouched(answer):
+        if not answers.untouched(answer):  # the lodge dropped its instance
+            self.load[name] = self.load.get(name, 0) - self.weights.pop(session, 0)
+        else:
             members = self.members.setdefault(name, {})
             members[session] = process.used
             self.lodged[session] = (name, int(request.get("next_version", -1)), process.pid)
@@ -232,8 +235,8 @@ class Sessions:
         found = self.lodged.pop(session, None)
         if found is not None:
             self.members.get(found[0], {}).pop(session, None)
-            self.load[found[0]] = self.load.get(found[0], 0) - self.weights.pop(session, 0)
-            if not told:
+            if not told:  # (told: its weight stays counted until the answer says whether it stays)
+                self.load[found[0]] = self.load.get(found[0], 0) - self.weights.pop(session, 0)
                 self.forgotten.setdefault(found[0], []).append(session)
 
     def forget(self, session: str) -> None:
