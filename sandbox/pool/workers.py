@@ -23,8 +23,7 @@ from sandbox.errors import SandboxBusy, WorkerLost
 from sandbox.pool.calls import EnvCode, request_failed
 from sandbox.pool.worker import GUARD_MARGIN, LOST, Backend, Ending, Worker, WorkerMemory, resident_share, spawn
 from sandbox.wire import protocol
-from sandbox.wire.limits import Limits
-from sandbox.worker.sessions import MAX_LODGED
+from sandbox.wire.limits import MAX_LODGED, Limits
 
 log = logging.getLogger("envfoundry.sandbox")
 

@@ -25,6 +25,10 @@ def _limit(default: Any, help: str, *, setting: str | None = None, flag: str | N
                                             "bounds": bounds})
 
 
+# Sessions one lodge holds live, at most (the least recently used go cold; see
+# ``sandbox.worker.lodge``): here so the service's pool knows it without importing the worker.
+MAX_LODGED = 20_000
+
 @dataclass(frozen=True)
 class Limits:
     """Sandbox limits; the defaults suit LLM-written environments."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from sandbox.wire import answers, protocol
 from sandbox.wire.answers import NEED_STATE, error
-from sandbox.wire.limits import DEFAULTS
+from sandbox.wire.limits import DEFAULTS, MAX_LODGED
 from sandbox.worker import lodge, processes
 from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, end, exited_by, outcome_error, read_answer
 from sandbox.worker.hosts import Host, Hosts, Resident, release
@@ -37,9 +37,8 @@ from sandbox.worker.zygote import HOST_GUARD, Unhealthy
 # Live sessions a worker keeps by default, and how long an unused one stays.
 MAX_RESIDENTS = DEFAULTS.residents
 RESIDENT_IDLE = DEFAULTS.resident_idle
-# Sessions one lodge holds live, at most (the least recently used go cold), and the least memory
-# they may hold (beyond one call's limit) where the worker cannot measure its room.
-MAX_LODGED = 20_000
+# The least memory a lodge's sessions may hold (beyond one call's limit) where the worker cannot
+# measure its room.
 LODGE_BYTES = 1 << 30
 # The largest stored state a session may have to be lodged (a process of its own costs about 3 MB).
 LODGE_STATE_BYTES = 128 << 10
