@@ -286,10 +286,12 @@ class Workers:
             if home is not None:  # its worker ends the process before its next request
                 self._ending.setdefault(home[0], Ending()).sessions.add(session)
 
-    def lends(self, session: str, step: int) -> bool:
-        """Whether a call on ``session`` at ``step`` would go straight to its process."""
+    def live_at(self, session: str, step: int) -> bool:
+        """Whether a call on ``session`` at ``step`` would be served by a live instance (straight to
+        its process, or by the worker holding it), needing no stored state unless that instance is
+        gone by then."""
         home = self._homes.get(session)
-        return home is not None and home[1] == step and session in self._lanes
+        return home is not None and home[1] == step
 
     def forget(self, session: str) -> None:
         """The session's live instance (if a worker holds one) must not serve it again: e.g. the

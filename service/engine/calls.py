@@ -1,7 +1,7 @@
 """Calling a session's tools: one call, applied exactly once, committed as the session's next step.
 
 A call runs under the store's lock on the session (``SessionStore.begin`` takes it with the meta)
-or, on a session this replica committed last and whose process the pool calls straight, without
+or, on a session this replica committed last and whose instance the pool holds live, without
 it: the commit is a compare-and-set on the step, so it refuses whatever moved meanwhile. Tool
 failures (unknown tool, invalid arguments, the environment said no) are steps with an error the
 agent sees, never problems; a commit also serves the steps of messages and turns' ends.
@@ -50,7 +50,7 @@ class Calls:
     def __init__(self, engine: Sessions) -> None:
         self.engine = engine
         self._checkers: dict[tuple[str, str], ArgumentChecker] = {}
-        # Sessions this replica committed last and whose process the pool calls straight: their
+        # Sessions this replica committed last and whose instance the pool holds live: their
         # meta as that commit left it, so their next call needs no lock and no read.
         self._warm: OrderedDict[str, Snapshot] = OrderedDict()
         # One call per session at a time in this replica, whichever way it goes: a call made
@@ -63,7 +63,7 @@ class Calls:
         fingerprint = idempotency.fingerprint("call", {"name": name, "arguments": raw_arguments}) if key else ""
         async with failures.step_failures(), self._turns.hold(session_id, engine.lock_wait):
             warm = self._warm.get(session_id)
-            if warm is not None and warm.meta.tenant == tenant and engine.pool.lends(session_id, warm.meta.step):
+            if warm is not None and warm.meta.tenant == tenant and engine.pool.live_at(session_id, warm.meta.step):
                 # No lock and no read: one round trip to the store, the commit, which refuses if
                 # the session moved on, another caller holds its lock, or ``key`` was used.
                 applied = await self._step(warm, name, raw_arguments, key, fingerprint, None)
@@ -90,8 +90,8 @@ class Calls:
     async def _step(self, snap: Snapshot, name: str, raw_arguments: dict[str, Any] | str, key: str | None,
                     fingerprint: str, held: Held | None) -> Applied | None:
         """Run the call on ``snap``'s session and commit its step: under the store's lock (``held``),
-        or without it, on a session this replica committed last and whose process the pool calls
-        straight. None when a commit without the lock was refused: nothing is applied, and the
+        or without it, on a session this replica committed last and whose instance the pool holds
+        live. None when a commit without the lock was refused: nothing is applied, and the
         caller goes the usual way (the process ran the call, so it is dropped, and the call runs
         again from the stored state)."""
         engine = self.engine
@@ -121,14 +121,14 @@ class Calls:
         self._warm.pop(session_id, None)
 
     def _keep_warm(self, snap: Snapshot, digest: str) -> None:
-        """Keep the meta the commit just made of ``snap``, while the pool calls the session straight."""
+        """Keep the meta the commit just made of ``snap``, while the pool holds the session live."""
         self.warm_at(replace(snap, meta=replace(snap.meta, step=snap.meta.step + 1), state_digest=digest))
 
     def warm_at(self, snap: Snapshot) -> None:
-        """This replica made ``snap`` last: its next call may go without the lock, while the pool lends it."""
+        """This replica made ``snap`` last: its next call may go without the lock, while the pool holds it live."""
         session_id = snap.meta.session_id
         self._warm.pop(session_id, None)
-        if not self.engine.pool.lends(session_id, snap.meta.step):
+        if not self.engine.pool.live_at(session_id, snap.meta.step):
             return
         self._warm[session_id] = snap
         while len(self._warm) > WARM_SESSIONS:

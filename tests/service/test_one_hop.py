@@ -4,6 +4,7 @@ before) goes the usual way, and nothing is applied twice."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,35 @@ def test_a_step_committed_by_another_replica_is_seen_and_nothing_is_applied_twic
     finally:
         first.stop()
         second.stop()
+
+
+def _lodged_calls(http: httpx.Client) -> float:
+    found = re.search(r'envfoundry_sandbox_session_calls\{instance="lodged"\} (\S+)', http.get("/metrics").text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_calls_on_a_lodged_session_are_one_redis_round_trip_each(redis_url: str) -> None:
+    """A session its worker holds live in a lodge (its call goes through the worker, not straight to
+    a process) is held live all the same: no lock and no read before each call."""
+    server = start_app(redis_url=redis_url, workers=1, extra_env={"ENVFOUNDRY_RESIDENTS": "1"})
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        with server.client() as http:
+            made = [http.post("/v1/sessions", json={"env_id": "probe", "init_config": {"counter": 0}}).json()[
+                "session_id"] for _ in range(3)]
+            for sid in made:  # one keeps the worker's one session process, the others are lodged
+                assert _call(http, sid).json()["result"]["data"] == 1
+            lodged_before, before = _lodged_calls(http), _commands(raw)
+            for step in range(2, 7):
+                for sid in made:
+                    answer = _call(http, sid, key=f"{sid}-{step}")
+                    assert answer.json()["step"] == step and answer.json()["result"]["data"] == step, answer.text
+            after, lodged_after = _commands(raw), _lodged_calls(http)
+            assert lodged_after - lodged_before >= 10  # (two sessions' five calls each, at least)
+        spent = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+        spent = {name: n for name, n in spent.items() if n}
+        assert spent.get("evalsha") == 15, spent
+        assert "set" not in spent and "hgetall" not in spent, spent
+    finally:
+        raw.close()
+        server.stop()
