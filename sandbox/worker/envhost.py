@@ -54,6 +54,7 @@ from sandbox.worker.forks import (
 )
 from sandbox.worker.lodge import LODGE_SPACE, Lodge
 from sandbox.worker.resident import LiveSession, instantiate, public_state, resolver
+from sandbox.worker.templatelodge import TemplateLodge
 
 
 def module_name(key: str) -> str:
@@ -218,12 +219,15 @@ class EnvHost:
             return functools.partial(_run_check, self.module, request)
         raise Failure(SANDBOX_ERROR, f"unknown op {op!r}")
 
-    def live(self, request: dict[str, Any]) -> LiveSession | Lodge:
+    def live(self, request: dict[str, Any]) -> LiveSession | Lodge | TemplateLodge:
         """The instance a session's resident process serves (built in the fork, from its first
         request, unless this host is a template and holds it built already); or, for a fork the
-        worker keeps as a lodge, the instances of many sessions (``sandbox.worker.lodge``)."""
+        worker keeps as a lodge, the instances of many sessions (``sandbox.worker.lodge``), or
+        of a template, many sessions' deltas against it (``sandbox.worker.templatelodge``)."""
         if request.get(lodge.FLAG) is True and self.prebuilt is None:
             return Lodge(self.module, self.cls, self.readonly, request)
+        if request.get(lodge.FLAG) is True and self.prebuilt is not None:
+            return TemplateLodge(self.prebuilt, request)
         return self.prebuilt if self.prebuilt is not None else LiveSession(self.module, self.cls, self.readonly)
 
     def start_template(self, message: dict[str, Any]) -> tuple[int, int]:

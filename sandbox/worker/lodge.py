@@ -40,9 +40,16 @@ LODGE_SPACE = 16 << 30
 PREFIX = "\x00lodge\x00"
 
 
-def key(scope: str, env: str) -> str:
-    """Where a worker keeps the lodge of ``env`` for tenant ``scope``."""
-    return f"{PREFIX}{scope}\x00{env}"
+def key(scope: str, env: str, template: str | None = None) -> str:
+    """Where a worker keeps the lodge of ``env`` for tenant ``scope``, or the lodge of the template
+    (its key among the worker's templates) that ``sandbox.worker.templatelodge`` describes."""
+    return f"{PREFIX}{scope}\x00{env}" + ("" if template is None else f"\x00{template}")
+
+
+def template_of(name: str) -> str | None:
+    """The template key of a template lodge's ``name`` (None for a lodge of an environment)."""
+    parts = name.removeprefix(PREFIX).split("\x00")
+    return parts[2] if len(parts) == 3 else None
 
 
 def is_lodge(name: str) -> bool:

@@ -20,7 +20,7 @@ import inspect
 import json
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.state import decoder, encoder, view
 from sandbox.state.deltas import Delta, DeltaError, apply, entries_in_place, field
@@ -41,6 +41,9 @@ from sandbox.worker.forks import (
     describe,
 )
 from sandbox.worker.randomness import HIDDEN, Stream
+
+if TYPE_CHECKING:
+    from sandbox.worker.templatelodge import TemplateForm
 
 # Call errors raised before any environment code ran: the instance is still what was stored.
 UNTOUCHED = answers.UNTOUCHED
@@ -182,6 +185,40 @@ class LiveSession:
             return _without_hidden(self._call(request)), True
         except Failure as exc:
             return {"error": {"type": exc.kind, "message": exc.message}}, exc.kind in UNTOUCHED
+
+    def delta_fields(self) -> dict[str, str] | None:
+        """The session's delta against its base, while calls answer deltas."""
+        return None if self.delta is None else dict(self.delta.fields)
+
+    def revert(self, form: TemplateForm, fields: dict[str, str], *, looked: bool) -> bool:
+        """Make the instance its template's again after a session's call in a template lodge
+        (``sandbox.worker.templatelodge``): the template's own text put back at each of ``fields``
+        (the session's delta before and after the call), then checked. ``looked``: the call was
+        answered, so the parts are what the instance holds; else the whole state is looked at
+        first, and every part that is not the template's is put back. False: it cannot be."""
+        module = self.module
+
+        def decode(part: str) -> Any:
+            return decoder.decode(json.loads(part), resolver(module), self.instance)
+
+        try:
+            if not looked:
+                self._sync(None)
+                found = form.differing(self.parts) if self.parts is not None else None
+                if found is None:
+                    return False
+                fields = dict.fromkeys(found, "=")
+            back = form.back(fields)
+            if back is None:
+                return False
+            apply(vars(self.instance), back, decode)
+            self._sync(entries_in_place(back))
+        except (Failure, DeltaError, Unwatched, encoder.CodecError, ValueError, TypeError, KeyError, RecursionError):
+            return False
+        if self.hidden is not None or not form.matches(self, back):
+            return False
+        self._text, self.digest, self.delta, self.print, self.shown = form.text, form.digest, None, None, None
+        return True
 
     def _based(self, request: dict[str, Any], fields: Any) -> None:
         """Whether calls answer deltas: the service asks for them (``deltas``) on an init, whose state

@@ -26,7 +26,7 @@ from typing import Any
 from sandbox.wire import answers, protocol
 from sandbox.wire.answers import NEED_STATE, error
 from sandbox.wire.limits import DEFAULTS, MAX_LODGED
-from sandbox.worker import lodge, processes
+from sandbox.worker import lodge, processes, templatelodge
 from sandbox.worker.forks import DEFAULT_TIMEOUT, SANDBOX_ERROR, Failure, end, exited_by, outcome_error, read_answer
 from sandbox.worker.hosts import Host, Hosts, Resident, release
 from sandbox.worker.memory import Gauge
@@ -46,6 +46,8 @@ LODGE_STATE_BYTES = 128 << 10
 # the least recently used out past half the room its worker has for live sessions.
 LODGED_WEIGHT = 16
 LODGED_OVERHEAD = 256 << 10
+# Template keys remembered as not to be lodged (see ``Sessions.unlodgeable``).
+MAX_UNLODGEABLE = 4096
 # Room kept free beyond one call's own memory limit (the worker's own work on its answer).
 MEMORY_SLACK = 32 << 20
 
@@ -73,6 +75,8 @@ class Sessions:
         self.weights: dict[str, int] = {}
         self.load: dict[str, int] = {}
         self.max_lodged = MAX_LODGED
+        # Templates whose lodge ended on a call it could not undo: their sessions keep processes.
+        self.unlodgeable: dict[str, None] = {}
 
     def serve(self, request: dict[str, Any], lend: socket.socket | None) -> dict[str, Any]:
         """Serve an init or call of a session on its resident, starting one when the request
@@ -94,6 +98,9 @@ class Sessions:
         host = self.hosts.host(key)
         if lodged is not None or resident is None and self._full(request):
             return self._in_lodge(host, request, lodged)
+        template = self._lodging_template(request) if resident is None else None
+        if template is not None:
+            return self._in_lodge(host, request, None, template)
         if resident is None:
             started = self._start(host, request)
             if started is None:
@@ -127,6 +134,12 @@ class Sessions:
             return Resident(key, *taken, parent=template)
         return self._fork(host, key)
 
+    def _fork_template(self, template: Host, request: dict[str, Any]) -> Resident | None:
+        """A fork of ``template``, to be the lodge of its sessions (None: it broke)."""
+        template.used = time.monotonic()
+        taken = self.runner.take(template)
+        return None if taken is None else Resident(request["env"], *taken, parent=template)
+
     def _fork(self, host: Host, key: str) -> Resident | None:
         """A fork of the environment's host, to serve a session (None: the host broke)."""
         try:
@@ -155,9 +168,28 @@ class Sessions:
         size = len(state) if type(state) is str else request.get("state_bytes")
         if type(size) is not int or size > LODGE_STATE_BYTES:
             return False
+        return self._no_room()
+
+    def _no_room(self) -> bool:
+        """Whether the worker keeps as many live sessions' processes as it may."""
         if len(self.residents) >= self.max_residents:
             return True
         return self.room is not None and self.used > self.room - MEMORY_SLACK
+
+    def _lodging_template(self, request: dict[str, Any]) -> Host | None:
+        """The template in whose lodge a session that must be rebuilt is kept when the worker is
+        full (see ``sandbox.worker.templatelodge``): its state is kept against a template this
+        worker holds built, by entries changed in place, and no lodge of that template has ended
+        on a call it could not undo."""
+        if request["op"] != "call" or type(request.get("scope")) is not str or self.max_residents <= 0 \
+                or not from_template(request) or not templatelodge.lodgeable(request["delta"]) or not self._no_room():
+            return None
+        key = f"{request['env']}:{request.get('template')}"
+        template = self.hosts.templates.get(key)
+        if template is None or key in self.unlodgeable or template.digest != request["known"] \
+                or template.sock.fileno() < 0:
+            return None
+        return template
 
     def _lodged(self, request: dict[str, Any]) -> str | None:
         """The lodge holding the session live at the step the request names, if one does."""
@@ -172,11 +204,15 @@ class Sessions:
             return None
         return name
 
-    def _in_lodge(self, host: Host, request: dict[str, Any], name: str | None) -> dict[str, Any]:
+    def _in_lodge(self, host: Host, request: dict[str, Any], name: str | None,
+                  template: Host | None = None) -> dict[str, Any]:
         """Serve the request in the lodge of its environment and tenant (see ``sandbox.worker.lodge``),
-        where the session then stays live: no session's process ends to make room for it."""
+        or of its ``template`` (``sandbox.worker.templatelodge``), where the session then stays
+        live: no session's process ends to make room for it."""
         session = request["session"]
-        if name is None:
+        if name is None and template is not None:
+            name = lodge.key(request["scope"], request["env"], f"{request['env']}:{request['template']}")
+        elif name is None:
             if "state" not in request:  # a delta for a template to complete: no fork of one is made here
                 return {"error": error(NEED_STATE, "this worker keeps no more live sessions' processes: "
                                                    "the stored state is needed")}
@@ -186,7 +222,7 @@ class Sessions:
         self._unlodge(session, told=True)
         process = self.residents.pop(name, None)
         if process is None:
-            process = self._fork(host, request["env"])
+            process = self._fork(host, request["env"]) if template is None else self._fork_template(template, request)
             if process is None:
                 return {"error": error(SANDBOX_ERROR, RESTARTED)}
             for gone in (*self.members.get(name, {}), session):  # whatever the last one held went with it
@@ -199,20 +235,28 @@ class Sessions:
         forget = self.forgotten.pop(name, None)
         if forget:
             sent[lodge.FORGET] = forget
-        answer, kept = self._on_resident(host, process, sent, answers.answer_cap(request), stays=True)
+        answer, kept = self._on_resident(process.parent or host, process, sent, answers.answer_cap(request), stays=True)
         answer.pop("stays", None)
+        dropped, keeps = answer.pop(templatelodge.DROPPED, None), answer.pop(templatelodge.KEEPS, None)
         if not kept:
             self.weights.pop(session, None)
+            if (key := lodge.template_of(name)) is not None:  # it could not undo a call: no more lodges of it
+                self.unlodgeable[key] = None
+                while len(self.unlodgeable) > MAX_UNLODGEABLE:
+                    del self.unlodgeable[next(iter(self.unlodgeable))]
             return answer
         process.used = time.monotonic()
         self.residents[name] = process
-        if not answers.untouched(answer):  # the lodge dropped its instance
+        if not answers.untouched(answer) or dropped is True:  # the lodge dropped its instance
             self.load[name] = self.load.get(name, 0) - self.weights.pop(session, 0)
         else:
             members = self.members.setdefault(name, {})
             members[session] = process.used
             self.lodged[session] = (name, int(request.get("next_version", -1)), process.pid)
-            self._weigh(name, session, answer.get("state") or request.get("state"))
+            if type(keeps) is int:  # (a template lodge keeps the session's delta alone)
+                self._weigh(name, session, keeps)
+            else:
+                self._weigh(name, session, answer.get("state") or request.get("state"))
             answer[lodge.FLAG] = True
             budget = (self.room if self.room is not None else LODGE_BYTES) // 2
             while len(members) > self.max_lodged or len(members) > 1 and self.load[name] > budget:
@@ -221,10 +265,12 @@ class Sessions:
 
     def _weigh(self, name: str, session: str, text: Any) -> None:
         """What a lodged session is taken to hold, from its stored text when a request or answer
-        carries it (the live objects of a state take many times its text; ``LODGED_WEIGHT``)."""
-        if type(text) is not str:
+        carries it, or the size of what a template lodge keeps of it (the live objects of a state
+        take many times its text; ``LODGED_WEIGHT``)."""
+        size = len(text) if isinstance(text, str) else text if isinstance(text, int) else None
+        if size is None:
             return
-        weight = LODGED_WEIGHT * len(text) + LODGED_OVERHEAD
+        weight = LODGED_WEIGHT * size + LODGED_OVERHEAD
         self.load[name] = self.load.get(name, 0) + weight - self.weights.get(session, 0)
         self.weights[session] = weight
 
