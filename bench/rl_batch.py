@@ -19,7 +19,8 @@ their first call, and a run of a few seconds reaches each of thousands of sessio
 run walks each connection's sessions in an order of its own, so a measured run meets the sessions
 as a batch would, not first those the warm-up called last (the ones kept live when not all fit).
 
-It prints, per size and spread, calls/s and calls per CPU-second of the server's process tree
+Each measured row starts once the server's processes are quiet (what came before it, such as
+thousands of sessions just made, is done). It prints, per size and spread, calls/s and calls per CPU-second of the server's process tree
 ("per core": what one core would serve at full use), p50 and p99, how many calls found their
 session live or rebuilt it from the store, the sandbox's memory per live session (the change in
 the proportional memory of the workers' process trees over the change in live sessions, against
@@ -200,6 +201,18 @@ def drive(url: str, sessions: list[str], calls: list[str], connections: int, sec
             "p99_ms": figures.p99_ms, "failed": figures.errors + figures.non_2xx}
 
 
+def settle(root: int, quiet: float = 0.05, longest: float = 120.0) -> None:
+    """Wait until the server's process tree is quiet (under ``quiet`` of a core over a second), so
+    that no row is measured while the server still works on what came before it (e.g. the
+    thousands of sessions just created, whose processes end in the background)."""
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline:
+        before = tree_cpu_seconds(root)
+        time.sleep(1.0)
+        if tree_cpu_seconds(root) - before < quiet:
+            return
+
+
 def metrics(http: httpx.Client) -> dict[str, float]:
     """Session calls by where the instance was (live, rebuilt) and the live sessions, from /metrics."""
     found: dict[str, float] = {}
@@ -256,6 +269,7 @@ def run_size(http: httpx.Client, server: Any, label: str, args: argparse.Namespa
         for name, sessions in plan:
             if name != "hot" and args.warm_seconds > 0:  # each session called once first, if time allows
                 drive(server.url, sessions, calls, args.hot, args.warm_seconds, args.load_cpu, 0, args.sigma, order=1)
+            settle(server.proc.pid)
             before, cpu = metrics(http), tree_cpu_seconds(server.proc.pid)
             figures: dict[str, Any] = drive(server.url, sessions, calls, args.hot, args.seconds, args.load_cpu,
                                             args.think_ms,
