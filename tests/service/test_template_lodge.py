@@ -22,7 +22,7 @@ import pytest
 from service.catalog.admission import build_environment
 from service.catalog.folders import write_package
 from service.catalog.model import CheckItem, Scenario
-from tests.conftest import Server, start_server
+from tests.conftest import SANDBOX_IMAGE, Server, drop_keys, start_server
 
 CODE = '''
 import random
@@ -88,18 +88,23 @@ def plain_run(calls: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], dict[
     return results, vars(instance)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["process", "docker"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Server]:
+    env_vars = {"ENVFOUNDRY_RESIDENTS": "1", "ENVFOUNDRY_SANDBOX": request.param,
+                "ENVFOUNDRY_KEY_PREFIX": f"eftest-tlodge-{request.param}"}
+    if request.param == "docker":
+        request.getfixturevalue("docker_client")
+        env_vars["ENVFOUNDRY_SANDBOX_IMAGE"] = SANDBOX_IMAGE
     folder = tmp_path_factory.mktemp("template-lodge")
     env = build_environment(env_id="accounts_lodged", class_name="Accounts", code=CODE, summary="Accounts.")
     scenario = Scenario(scenario_id="accounts-big", env_id="accounts_lodged", task="Any.", init_config=initial(),
                         checklist=[CheckItem("any", "def check_func(final_state):\n    return True")])
     write_package(env, [scenario], folder / "catalog")
     # One worker with one session process: every other session must be lodged or rebuilt.
-    started = start_server(folder, redis_url=redis_url, workers=1, catalogs=(folder / "catalog",),
-                           extra_env={"ENVFOUNDRY_RESIDENTS": "1", "ENVFOUNDRY_KEY_PREFIX": "eftest-tlodge"})
+    started = start_server(folder, redis_url=redis_url, workers=1, catalogs=(folder / "catalog",), extra_env=env_vars)
     yield started
     started.stop()
+    drop_keys(redis_url, env_vars["ENVFOUNDRY_KEY_PREFIX"])
 
 
 @pytest.fixture()
