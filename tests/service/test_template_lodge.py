@@ -186,6 +186,22 @@ def test_a_session_whose_change_is_not_in_place_leaves_the_lodge_and_stays_exact
     assert final_state(http, fresh[0]) == plain_run([])[1]
 
 
+def test_a_session_that_changed_many_entries_leaves_the_lodge_and_stays_exact(http: httpx.Client) -> None:
+    """Each entry a lodged session changed costs each of its calls a decode and an encode: past
+    ``MAX_FIELDS`` (16) it is given a process of its own."""
+    made = sessions(http, 3)
+    script = [("note", {"account_id": f"A{100 + i:05d}", "text": f"note {i}"}) for i in range(20)]
+    served = {session: [call(http, session, name, arguments) for name, arguments in script] for session in made}
+    expected, attributes = plain_run(script)
+    before = counters(http)
+    for session in made:
+        assert served[session] == expected
+        assert call(http, session, "get", {"account_id": "A00119"}) == {"ok": True, "result": attributes["accounts"][
+            "A00119"]}
+        assert final_state(http, session) == attributes
+    assert counters(http).get("lodged", 0) == before.get("lodged", 0)
+
+
 def test_a_deleted_lodged_session_ends_and_the_others_go_on(http: httpx.Client) -> None:
     made = sessions(http, 2)
     before = counters(http)
