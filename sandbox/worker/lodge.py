@@ -56,14 +56,11 @@ def is_lodge(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-class Lodge:
-    """The live instances of many sessions of one environment, by session id."""
+class Lodging:
+    """What every kind of lodge does with the worker's requests before serving a session's."""
 
-    def __init__(self, module: types.ModuleType, cls: type, readonly: ReadOnly | None, first: dict[str, Any]) -> None:
-        self.module = module
-        self.cls = cls
-        self.readonly = readonly
-        self.sessions: dict[str, LiveSession] = {}
+    def __init__(self, first: dict[str, Any]) -> None:
+        self.sessions: dict[str, Any] = {}
         holds = first.get(HOLDS)
         self.holds = max(0, holds) if type(holds) is int else 0
 
@@ -72,14 +69,34 @@ class Lodge:
         room for live sessions): set once, it cannot go back up (``forks._set_call_limits``)."""
         return int(limits.memory_bytes) + min(self.holds, LODGE_SPACE)
 
-    def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The answer to ``request``, with ``stays`` when this process may serve on (any failure
-        of a call ends only that session's instance here)."""
+    def served(self, request: dict[str, Any]) -> str | None:
+        """Drop the sessions the worker let go; the session ``request`` is for, or None when it is
+        for none (a ``forget``: then answer ``FORGOTTEN``)."""
         for gone in request.get(FORGET) or ():
             self.sessions.pop(gone, None)
         session = request.get("session")
-        if request.get("op") == "forget" or type(session) is not str:
-            return {"ok": True, "stays": True}, True
+        return None if request.get("op") == "forget" or type(session) is not str else session
+
+
+FORGOTTEN = {"ok": True, "stays": True}  # (the answer to a forget)
+
+
+class Lodge(Lodging):
+    """The live instances of many sessions of one environment, by session id."""
+
+    def __init__(self, module: types.ModuleType, cls: type, readonly: ReadOnly | None, first: dict[str, Any]) -> None:
+        super().__init__(first)
+        self.module = module
+        self.cls = cls
+        self.readonly = readonly
+        self.sessions: dict[str, LiveSession] = {}
+
+    def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The answer to ``request``, with ``stays`` when this process may serve on (any failure
+        of a call ends only that session's instance here)."""
+        session = self.served(request)
+        if session is None:
+            return dict(FORGOTTEN), True
         live = self.sessions.pop(session, None)
         if "state" in request or request.get("op") == "init":
             live = None  # (rebuilt from what the request brings: whatever was here is older)

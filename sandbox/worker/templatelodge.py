@@ -31,7 +31,7 @@ from typing import Any
 from sandbox.state.deltas import entries_in_place, field
 from sandbox.state.parts import Parts
 from sandbox.wire.answers import NEED_STATE, error
-from sandbox.worker.lodge import FORGET, HOLDS, LODGE_SPACE
+from sandbox.worker.lodge import FORGOTTEN, Lodging
 from sandbox.worker.resident import HIDDEN_FIELD, LiveSession
 
 # The answer's field saying the session left the lodge (its next call brings its stored state),
@@ -132,26 +132,20 @@ class TemplateForm:
         return True
 
 
-class TemplateLodge:
+class TemplateLodge(Lodging):
     """Many sessions' deltas against the template instance this process was forked with."""
 
     def __init__(self, live: LiveSession, first: dict[str, Any]) -> None:
         self.live = live
+        super().__init__(first)
         self.template = TemplateForm.of(live)
         self.digest = live.digest
         self.sessions: dict[str, dict[str, str]] = {}  # each session's delta fields
-        holds = first.get(HOLDS)
-        self.holds = max(0, holds) if type(holds) is int else 0
-
-    def address_space(self, limits: Any) -> int:
-        return int(limits.memory_bytes) + min(self.holds, LODGE_SPACE)
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        for gone in request.get(FORGET) or ():
-            self.sessions.pop(gone, None)
-        session = request.get("session")
-        if request.get("op") == "forget" or type(session) is not str:
-            return {"ok": True, "stays": True}, True
+        session = self.served(request)
+        if session is None:
+            return dict(FORGOTTEN), True
         fields = self.sessions.pop(session, None)
         if "delta" in request:  # rebuilt from what the request brings: whatever was here is older
             fields = request["delta"] if request.get("known") == self.digest else None

@@ -20,6 +20,11 @@ def _commands(raw: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
 
 
+def _spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The commands Redis ran between two counts, by name (those it ran at all)."""
+    return {name: n for name in after if (n := after[name] - before.get(name, 0))}
+
+
 def _call(http: httpx.Client, sid: str, key: str | None = None) -> httpx.Response:
     headers = {"Idempotency-Key": key} if key else {}
     return http.post(f"/v1/sessions/{sid}/calls", json={"name": "increment", "arguments": {}}, headers=headers)
@@ -37,8 +42,7 @@ def test_calls_on_a_session_this_replica_holds_are_one_redis_round_trip_each(red
                 answer = _call(http, sid, key=f"k{step}")
                 assert answer.json()["step"] == step and answer.json()["result"]["data"] == step
             after = _commands(raw)
-        spent = {name: after.get(name, 0) - before.get(name, 0) for name in after}
-        spent = {name: n for name, n in spent.items() if n}
+        spent = _spent(before, after)
         # One script per call, the commit. (Redis counts the commands a script runs too: taking the
         # lock would show as SET, reading the meta as HGETALL, either as a second EVALSHA.)
         assert spent.get("evalsha") == 10, spent
@@ -94,8 +98,7 @@ def test_calls_on_a_lodged_session_are_one_redis_round_trip_each(redis_url: str)
                     assert answer.json()["step"] == step and answer.json()["result"]["data"] == step, answer.text
             after, lodged_after = _commands(raw), _lodged_calls(http)
             assert lodged_after - lodged_before >= 10  # (two sessions' five calls each, at least)
-        spent = {name: after.get(name, 0) - before.get(name, 0) for name in after}
-        spent = {name: n for name, n in spent.items() if n}
+        spent = _spent(before, after)
         assert spent.get("evalsha") == 15, spent
         assert "set" not in spent and "hgetall" not in spent, spent
     finally:
