@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 
 class NoSlot(Exception):
@@ -41,24 +39,13 @@ class FairGate:
     def in_use(self) -> int:
         return sum(self.held.values())
 
-    @asynccontextmanager
-    async def slot(self, tenant: str, timeout: float | None = None) -> AsyncIterator[None]:
-        """Hold one slot for ``tenant``.
+    def slot(self, tenant: str, timeout: float | None = None) -> Slot:
+        """Hold one slot for ``tenant`` (``async with``).
 
         Raises:
             NoSlot: no slot came free within ``timeout`` seconds.
         """
-        if not self.waiting and self._may_take(tenant):  # free: taken at once, with no task to wait in
-            self._take(tenant)
-        else:
-            try:
-                await asyncio.wait_for(self._acquire(tenant), timeout)
-            except TimeoutError:
-                raise NoSlot(f"no slot came free within {timeout:g} s") from None
-        try:
-            yield
-        finally:
-            self._release(tenant)
+        return Slot(self, tenant, timeout)
 
     async def _acquire(self, tenant: str) -> None:
         if not self.waiting and self._may_take(tenant):
@@ -118,3 +105,24 @@ class FairGate:
             queue.remove(granted)
             if not queue:
                 del self.waiting[tenant]
+
+
+class Slot:
+    """``FairGate.slot`` (a class: every tool call enters one, and a generator costs more)."""
+
+    def __init__(self, gate: FairGate, tenant: str, timeout: float | None) -> None:
+        self.gate, self.tenant, self.timeout = gate, tenant, timeout
+
+    async def __aenter__(self) -> None:
+        gate, tenant = self.gate, self.tenant
+        if not gate.waiting and gate._may_take(tenant):  # free: taken at once, with no timer
+            gate._take(tenant)
+            return
+        try:
+            async with asyncio.timeout(self.timeout):  # (in this task: no task to wait in)
+                await gate._acquire(tenant)
+        except TimeoutError:
+            raise NoSlot(f"no slot came free within {self.timeout:g} s") from None
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate._release(self.tenant)

@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 ACCESS = "envfoundry.access"  # the access log's logger: a line per request
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+_encode = json.JSONEncoder(ensure_ascii=False).encode  # (``json.dumps`` makes an encoder per line)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -119,14 +121,7 @@ class JsonFormatter(logging.Formatter):
         return f"{self._second[1]}.{int((created - second) * 1000):03d}+00:00"
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self._time(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if request_id.get():
-            entry["request_id"] = request_id.get()
+        entry = self._entry(record.created, record.levelname, record.name, record.getMessage())
         for name in self.FIELDS:
             value = getattr(record, name, None)
             if value is not None:
@@ -134,6 +129,20 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
+
+    def access_line(self, created: float, message: str, fields: dict[str, Any]) -> str:
+        """What ``format`` makes of an access record (INFO, ``ACCESS``) with ``fields`` as its extras."""
+        entry = self._entry(created, "INFO", ACCESS, message)
+        for name, value in fields.items():
+            if value is not None:
+                entry[name] = value
+        return _encode(entry)
+
+    def _entry(self, created: float, level: str, logger: str, message: str) -> dict[str, Any]:
+        entry = {"time": self._time(created), "level": level.lower(), "logger": logger, "message": message}
+        if rid := request_id.get():
+            entry["request_id"] = rid
+        return entry
 
 
 class LineBatches(logging.StreamHandler):  # type: ignore[type-arg]
@@ -159,6 +168,15 @@ class LineBatches(logging.StreamHandler):  # type: ignore[type-arg]
         if record.name != ACCESS or record.levelno != logging.INFO or len(self._waiting) >= self.BATCH \
                 or not self._deferred():
             self._write()
+
+    def access(self, message: str, fields: dict[str, Any]) -> None:
+        """An access line, as ``emit`` of its record would write it (see ``access_handler``)."""
+        formatter = self.formatter
+        assert isinstance(formatter, JsonFormatter)
+        with self.lock:  # type: ignore[union-attr]
+            self._waiting.append(formatter.access_line(time.time(), message, fields) + self.terminator)
+            if len(self._waiting) >= self.BATCH or not self._deferred():
+                self._write()
 
     def _deferred(self) -> bool:
         try:
@@ -189,6 +207,28 @@ class LineBatches(logging.StreamHandler):  # type: ignore[type-arg]
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]
             self._write()
+
+
+def access_handler(access: logging.Logger) -> LineBatches | None:
+    """The handler a line of the ``access`` logger would reach, when it is the only one and nothing but the service's
+    own JSON lines stands between (the logging ``configure_logging`` sets up, unchanged): the
+    access log then hands it the line's fields without making a record, which costs a tenth of a
+    tool call's CPU on the event loop. None: the line goes the usual way, through ``logging``."""
+    if access.filters or access.disabled:
+        return None
+    logger: logging.Logger | None = access
+    while logger is not None and logger is not logging.root:
+        if logger.handlers or not logger.propagate:
+            return None
+        logger = logger.parent
+    handlers = logging.root.handlers
+    if len(handlers) != 1:
+        return None
+    handler = handlers[0]
+    if type(handler) is not LineBatches or handler.filters or handler.level > logging.INFO \
+            or type(handler.formatter) is not JsonFormatter:
+        return None
+    return handler
 
 
 def flush_logs() -> None:

@@ -240,27 +240,30 @@ class WorkerPool(Workers):
                 return None  # the worker had ended it before the call reached it: rebuilt from the store
             return outcome(collected if isinstance(collected.get("error"), dict) else answers.malformed())
         finally:
-            # (shielded: a cancelled call must not hand the worker on while its /tmp is being emptied)
-            await asyncio.shield(self._release(worker, healthy))
+            tmp = worker.tmp
+            if healthy and tmp is not None and not tmp.untouched():
+                # (shielded: a cancelled call must not hand the worker on while its /tmp is being emptied)
+                await asyncio.shield(self._release(worker))
+            elif healthy:  # (at once, the usual case: no task is made to hand it on)
+                self._put(worker)
+            else:
+                self._replace(worker)
 
     async def _checked(self, worker: Worker, body: bytes, message: frames.Call) -> dict[str, Any]:
         """A lent process's answer, decoded and checked: here when it is small, else by its worker,
         in its own process (untrusted JSON can take seconds to decode and walk, and this event
         loop serves every session)."""
         if len(body) <= INLINE_ANSWER_BYTES:
-            return answers.checked("call", decode_answer(body), message)
+            return answers.checked("call", decode_answer(body), message, bounded=True)
         limits = {k: v for k, v in message.items() if k.startswith("max_") or k == "deltas"}
         check: dict[str, Any] = {"op": "check", "answer": body, **limits}  # (a ``frames.Check``)
         return await self._roundtrip(worker, check, self.limits.call_timeout + 2 * GUARD_MARGIN)
 
-    async def _release(self, worker: Worker, healthy: bool) -> None:
-        """Hand ``worker`` on after a call straight to one of its processes: its /tmp emptied first
-        (off the event loop when the call left anything there), or the worker replaced if that
-        cannot be done."""
-        tmp = worker.tmp
-        if healthy and tmp is not None and not tmp.untouched():
-            healthy = await asyncio.to_thread(tmp.empty)
-        if healthy:
+    async def _release(self, worker: Worker) -> None:
+        """Hand ``worker`` on after a call straight to one of its processes left something in its
+        /tmp: emptied first, off the event loop, or the worker replaced if that cannot be done."""
+        assert worker.tmp is not None
+        if await asyncio.to_thread(worker.tmp.empty):
             self._put(worker)
         else:
             self._replace(worker)

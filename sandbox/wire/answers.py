@@ -72,10 +72,12 @@ def untouched(answer: dict[str, Any]) -> bool:
     return failure is None or isinstance(failure, dict) and failure.get("type") in UNTOUCHED
 
 
-def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any], *, bounded: bool = False) -> dict[str, Any]:
     """Only the fields of ``op`` of ``answer``, of the right types and within ``request``'s limits
     (``max_result_bytes``, ``max_state_bytes``, ``max_diff_bytes``); an error answer otherwise.
-    An init from a template may leave out the state the service said it ``known``s by its digest."""
+    An init from a template may leave out the state the service said it ``known``s by its digest.
+    ``bounded``: ``answer`` was decoded by ``protocol.decode_bounded``, so what it holds nests no
+    deeper than the limit either."""
     failure = answer.get("error")
     if failure is not None:
         if isinstance(failure, dict) and type(failure.get("type")) is str and type(failure.get("message")) is str:
@@ -104,9 +106,9 @@ def checked(op: str, answer: dict[str, Any], request: Mapping[str, Any]) -> dict
     if answer.get("ok") is not True or not (state is None or readable(state)) or not isinstance(diff, dict) \
             or not is_diff(diff):
         return malformed()
-    if not protocol.depth_within(result) or not protocol.depth_within(diff):
+    if not bounded and (not protocol.depth_within(result) or not protocol.depth_within(diff)):
         return sent(f"the call process sent a result nested deeper than {protocol.MAX_DEPTH} levels")
-    size = len(json.dumps(result, ensure_ascii=False).encode())
+    size = len(protocol.unicode_json(result).encode())
     limit = int(request.get("max_result_bytes", DEFAULTS.result_bytes))
     if size > limit:
         return sent(f"the call process sent a result of {size} bytes, over the {limit} byte limit")

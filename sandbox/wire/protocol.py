@@ -26,6 +26,12 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 MAX_DEPTH = 400
 
 
+# ``json.dumps`` with other than its default options makes an encoder for every call: these are made once.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+unicode_json = json.JSONEncoder(ensure_ascii=False).encode  # ``json.dumps(value, ensure_ascii=False)``
+
+
 class ProtocolError(Exception):
     """The peer sent something that is not a frame, or closed mid-frame."""
 
@@ -54,11 +60,11 @@ def encode_body(message: Any, *, ascii_fallback: bool = True) -> bytes:
 
 def _json(message: Any, ascii_fallback: bool) -> bytes:
     try:
-        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _COMPACT(message).encode("utf-8")
     except UnicodeEncodeError:
         if not ascii_fallback:
             raise
-        return json.dumps(message, separators=(",", ":")).encode("ascii")
+        return _COMPACT_ASCII(message).encode("ascii")
 
 
 def encode_frame(message: Any) -> bytes:

@@ -17,6 +17,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+from service.catalog.quickcheck import compile_schema
+
 MAX_DEPTH = 32
 MAX_VALUES = 10_000
 MAX_MESSAGE = 1000
@@ -80,6 +82,7 @@ class ArgumentChecker:
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.validator = FastValidator(_with_enum_sets(schema))
+        self.accepts = compile_schema(schema)  # (told without the validator: see ``quickcheck``)
         properties = schema.get("properties")
         # Only a closed schema (no **kwargs) makes a name unexpected.
         self.known: list[str] | None = None
@@ -94,6 +97,8 @@ class ArgumentChecker:
             ArgumentLimit: the arguments are nested too deeply or hold too many values.
         """
         _bounded(arguments)
+        if self.accepts is not None and self.accepts(arguments):
+            return None
         unexpected = self._unexpected(arguments)
         # A few errors at most are built: the top-level unexpected-name one is said better above.
         errors = islice(self.validator.iter_errors(arguments), 3)

@@ -21,8 +21,8 @@ write to it (``writing``) or by the store's TTL.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -203,17 +203,28 @@ class Sessions:
         with failures.store_failures(self.metrics):
             return await operation
 
-    @asynccontextmanager
-    async def sandbox_slot(self, tenant: str) -> AsyncIterator[None]:
-        """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``)."""
+    def sandbox_slot(self, tenant: str) -> _SandboxSlot:
+        """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``), ``async with``."""
+        return _SandboxSlot(self, tenant)
+
+
+class _SandboxSlot:
+    """``Sessions.sandbox_slot`` (a class: every tool call enters one, and a generator costs more)."""
+
+    def __init__(self, engine: Sessions, tenant: str) -> None:
+        self.engine = engine
+        self.slot = engine.gate.slot(tenant, engine.pool.acquire_timeout)
+
+    async def __aenter__(self) -> None:
         started = time.perf_counter()
-        wait = self.pool.acquire_timeout
         try:
-            async with self.gate.slot(tenant, wait):
-                self.metrics.sandbox_wait.observe(time.perf_counter() - started)
-                yield
+            await self.slot.__aenter__()
         except NoSlot:
-            raise SandboxBusy(f"no sandbox worker became free within {wait:g} s") from None
+            raise SandboxBusy(f"no sandbox worker became free within {self.slot.timeout:g} s") from None
+        self.engine.metrics.sandbox_wait.observe(time.perf_counter() - started)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.slot.__aexit__(*exc)
 
 
 class _Writing:

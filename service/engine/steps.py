@@ -13,6 +13,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from sandbox.pool.calls import CallOutcome
 from sandbox.state.view import Diff, cut_diff
+from sandbox.wire.protocol import unicode_json
 
 PRIVATE = ("_state", "_parts")
 TRUNCATED_PART = 1024  # bytes of an argument or result kept whole in a record cut to its bound
@@ -62,7 +63,7 @@ def observation(ok: bool, result: Any, error: dict[str, str] | None) -> str:
         return f"Error ({error['type']}): {error['message']}"
     if isinstance(result, str):
         return result
-    return json.dumps(result, ensure_ascii=False)
+    return unicode_json(result)
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.pool.requests import WorkerPool
 from sandbox.pool.worker import Backend
@@ -39,6 +40,23 @@ log = logging.getLogger("envfoundry")
 DESCRIPTION = """Stateful tool environments for LLM agents. Create a session from a scenario,
 list its tools, call them, read the state and trajectory, fork, and score. Tool failures are
 observations (HTTP 200, `ok: false`); service errors are RFC 9457 problem+json."""
+
+
+class Service(FastAPI):
+    """The app, with layers of its own in front of the framework's: every request passes the access
+    log and the body limit first, and a tool call is answered there (``service.api.fastpath``)."""
+
+    front: ASGIApp | None = None
+
+    def put_in_front(self, layers: Callable[[ASGIApp], ASGIApp]) -> None:
+        """``layers`` around the framework's own handling of a request."""
+        self.front = layers(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
 
 
 def load_catalog(settings: Settings) -> Catalog:
@@ -156,7 +174,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 await user.close()
             flush_logs()  # the access lines waiting (uvicorn may end the process by a signal, skipping exit hooks)
 
-    app = FastAPI(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
+    app = Service(title="envfoundry", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
     metrics = Metrics()
     app.state.metrics = metrics
     # (made here, not in the lifespan: ``envfoundry serve`` hands it to its connection protocol)
@@ -174,7 +192,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     mcp.mount(app)
     openenv_routes.mount(app)
     ui.mount(app)
-    app.add_middleware(FastCalls)  # innermost: inside the body limit and the access log
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_values=settings.max_body_values)
-    app.add_middleware(RequestLog, metrics=metrics)  # outermost: refused bodies are counted and logged too
+    app.put_in_front(lambda framework: RequestLog(  # outermost: refused bodies are counted and logged too
+        BodyLimit(FastCalls(framework, app), max_bytes=settings.max_body_bytes, max_values=settings.max_body_values),
+        metrics=metrics))
     return app

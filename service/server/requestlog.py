@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.observability import ACCESS, Metrics, request_id
+from service.observability import ACCESS, Metrics, access_handler, request_id
 
 log = logging.getLogger(ACCESS)
 SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -40,7 +40,7 @@ class RequestLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        offered = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        offered = next((value for name, value in scope["headers"] if name == b"x-request-id"), b"").decode("latin-1")
         rid = offered if SANE_ID.match(offered) else f"{self._prefix}{next(self._issued) & 0xFFFFFFFF:08x}"
         token = request_id.set(rid)
         started = time.perf_counter()
@@ -64,12 +64,16 @@ class RequestLog:
             timed.observe(elapsed)
             if log.isEnabledFor(logging.INFO):
                 state = scope.get("state") or {}
-                # The record made as ``log.info`` would, less the walk up the stack for the caller
-                # (the access line names its route, not a source line).
-                log.handle(log.makeRecord(log.name, logging.INFO, "", 0, "%s %s %d", (method, route, status), None,
-                                          extra={"route": route, "method": method, "status": status,
-                                                 "duration_ms": round(elapsed * 1000, 3), "tenant": state.get("tenant"),
-                                                 "session": (scope.get("path_params") or {}).get("session_id")}))
+                fields = {"route": route, "method": method, "status": status, "duration_ms": round(elapsed * 1000, 3),
+                          "tenant": state.get("tenant"), "session": (scope.get("path_params") or {}).get("session_id")}
+                handler = access_handler(log)
+                if handler is not None:
+                    handler.access(f"{method} {route} {status}", fields)
+                else:
+                    # The record made as ``log.info`` would, less the walk up the stack for the caller
+                    # (the access line names its route, not a source line).
+                    log.handle(log.makeRecord(log.name, logging.INFO, "", 0, "%s %s %d", (method, route, status),
+                                              None, extra=fields))
             request_id.reset(token)
 
     def _of(self, method: str, route: str, status: int) -> tuple[Any, Any]:
