@@ -8,7 +8,9 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,3 +171,64 @@ def test_access_lines_are_written_together_soon_and_warnings_at_once() -> None:
     parsed = datetime.fromisoformat(stamp)
     assert parsed.tzinfo == UTC and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", stamp)
     assert abs(parsed.timestamp() - time.time()) < 60
+
+
+def test_access_lines_are_the_same_written_directly_or_through_a_record() -> None:
+    """The access log skips making a log record only while the service's own handler is the one
+    listener; the line is the same either way, and any other listener still gets records."""
+    import asyncio
+    import io
+    import logging
+
+    from service.observability import ACCESS, Metrics, access_handler, configure_logging, request_id
+    from service.server.requestlog import RequestLog
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        scope["path_params"] = {"session_id": "ses_1"}
+        scope.setdefault("state", {})["tenant"] = "team-a"
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def request() -> None:
+        async def receive() -> MutableMapping[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            return None
+
+        scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(b"x-request-id", b"rid-7")]}
+        await RequestLog(app, Metrics())(scope, receive, send)
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    access = logging.getLogger(ACCESS)
+    try:
+        configure_logging("json")
+        handler = root.handlers[0]
+        stream = io.StringIO()
+        handler.setStream(stream)  # type: ignore[attr-defined]
+        assert access_handler(access) is handler
+        asyncio.run(request())
+        seen: list[logging.LogRecord] = []
+
+        class Listener(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                seen.append(record)
+
+        listener = Listener()
+        access.addHandler(listener)
+        assert access_handler(access) is None
+        asyncio.run(request())
+        handler.flush()
+        direct, recorded = (json.loads(line) for line in stream.getvalue().splitlines())
+        for line in (direct, recorded):
+            assert line.pop("time") and line.pop("duration_ms") >= 0
+        assert direct == recorded == {"level": "info", "logger": ACCESS, "message": "POST unmatched 201",
+                                      "request_id": "rid-7", "route": "unmatched", "method": "POST", "status": 201,
+                                      "tenant": "team-a", "session": "ses_1"}
+        assert [r.getMessage() for r in seen] == ["POST unmatched 201"]
+        assert request_id.get() == ""
+    finally:
+        access.handlers.clear()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
