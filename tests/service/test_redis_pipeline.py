@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -49,6 +50,41 @@ async def test_concurrent_calls_each_get_their_own_reply(redis_url: str, key_pre
         for sid, count in zip(ids, counts, strict=True):
             snap = await store.load(sid)
             assert snap is not None and snap.meta.step == count and json.loads(snap.state) == {"sid": sid}
+    finally:
+        await store.close()
+
+
+async def test_commits_made_in_one_turn_of_the_event_loop_go_out_in_one_write(redis_url: str,
+                                                                                 key_prefix: str) -> None:
+    """Calls on many sessions commit together: one write to Redis for all the commits the event
+    loop made in one turn, each still answered on its own (one refused, as its step is stale)."""
+    store = RedisStore(redis_url, prefix=key_prefix)
+    ids = [f"ses_{i}" for i in range(12)]
+    try:
+        for sid in ids:
+            await _session(store, sid)
+        pipeline = store.redis.pipeline
+        assert pipeline is not None
+        await store.commit(ids[0], 0, "{}", "{}", unlocked=True)  # (opens the connection)
+        writer = pipeline._writer
+        assert writer is not None
+        writes: list[bytes] = []
+        write = writer.write
+
+        def counted(data: Any) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        writer.write = counted  # type: ignore[method-assign]
+        done = await asyncio.gather(*(store.commit(sid, 1 if sid == ids[0] else 0, json.dumps({"sid": sid}), "{}",
+                                                   unlocked=True) for sid in ids))
+        assert done == [True] * len(ids)
+        assert len(writes) == 1 and writes[0].count(b"EVALSHA") == len(ids)
+        assert await store.commit(ids[1], 0, "{}", "{}", unlocked=True) is False  # stale: refused alone
+        assert len(writes) == 2
+        for sid in ids:
+            snap = await store.load(sid)
+            assert snap is not None and json.loads(snap.state) == {"sid": sid}
     finally:
         await store.close()
 
