@@ -36,11 +36,17 @@ class Lane:
     version: int = 0
     busy: bool = False  # a call is on it: closing waits for its end (the numbers must not be reused meanwhile)
     closed: bool = False
+    # The event loop watching the answer pipe, from a call that waited for its answer until the pipe
+    # is closed or found readable with no call waiting (watching it only while a call waits would
+    # register and unregister it on every call), and what a waiting call waits on.
+    watcher: asyncio.AbstractEventLoop | None = None
+    waiter: asyncio.Future[None] | None = None
 
     def close(self) -> None:
         self.closed = True
         if self.busy:
             return
+        self.unwatch()
         for fd in (self.request_fd, self.answer_fd, self.pidfd):
             if fd >= 0:
                 try:
@@ -48,6 +54,30 @@ class Lane:
                 except OSError:
                     pass
         self.request_fd = self.answer_fd = self.pidfd = -1
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future done once the answer pipe is readable."""
+        if self.watcher is not loop:
+            self.unwatch()
+            loop.add_reader(self.answer_fd, self._readable)
+            self.watcher = loop
+        self.waiter = loop.create_future()
+        return self.waiter
+
+    def unwatch(self) -> None:
+        if self.watcher is not None:
+            try:
+                self.watcher.remove_reader(self.answer_fd)
+            except RuntimeError:  # (its loop has closed, and with it what it watched)
+                pass
+            self.watcher = None
+
+    def _readable(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():
+            self.unwatch()  # nobody waits: a pipe left readable would wake the loop on every turn
+        else:
+            waiter.set_result(None)
 
     def signal(self, sig: int) -> bool:
         try:
@@ -175,7 +205,7 @@ async def call(lane: Lane, request: frames.Call, timeout: float, cap: int) -> tu
     body: bytes | None = None
     try:
         await _write(loop, lane.request_fd, protocol.encode_frame(request), deadline)
-        body, outcome = await _read(loop, lane.answer_fd, deadline, cap)
+        body, outcome = await _read(loop, lane, deadline, cap)
     except TimeoutError:
         outcome = "timeout"
     except (BrokenPipeError, ConnectionError):
@@ -198,13 +228,19 @@ async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline
             await _ready(loop, fd, deadline, write=True)
 
 
-async def _read(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, cap: int) -> tuple[bytes | None, str]:
+async def _read(loop: asyncio.AbstractEventLoop, lane: Lane, deadline: float, cap: int) -> tuple[bytes | None, str]:
     arriving = Arriving(cap)  # (counted as they come: never more than ``cap`` bytes are kept)
     while True:
         try:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(lane.answer_fd, 1 << 20)
         except BlockingIOError:
-            await _ready(loop, fd, deadline)
+            waiter = lane.watch(loop)
+            expiry = loop.call_at(deadline, _expire, waiter)  # (a timer alone: cheaper than a timeout scope)
+            try:
+                await waiter
+            finally:
+                expiry.cancel()
+                lane.waiter = None
             continue
         outcome = arriving.feed(chunk)
         if outcome is not None:
@@ -221,6 +257,11 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, *, w
             await waiter
     finally:
         remove(fd)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -43,7 +43,10 @@ class Pipeline:
         self.tls = parts.scheme == "rediss"
         self.timeout = timeout
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: deque[asyncio.Future[Any]] = deque()
+        # Each command's caller, and when Redis must have answered it (one timer watches the oldest:
+        # a timeout scope per command cost more than the rest of its round trip here).
+        self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._watchdog: asyncio.TimerHandle | None = None
         # Commands made in one turn of the event loop, and the connection they go out on: they are
         # written together at its end, one system call and one wake-up of Redis for all (calls on
         # many sessions commit together).
@@ -60,21 +63,32 @@ class Pipeline:
         writer = self._writer if self._writer is not None else await self._open()
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(answer)
+        due = loop.time() + self.timeout
+        self._pending.append((answer, due))
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(due, self._watch)
         if self._outgoing is None:
             self._outgoing = (writer, [packed])
             loop.call_soon(self._send, writer)
         else:
             self._outgoing[1].append(packed)
-        try:
-            async with asyncio.timeout(self.timeout):  # (no waiter and callbacks per command, unlike wait_for)
-                reply = await answer
-        except TimeoutError:
-            self.reset(RedisTimeoutError(f"redis did not answer within {self.timeout:g} s"))
-            raise RedisTimeoutError(f"redis did not answer within {self.timeout:g} s") from None
+        reply = await answer  # (a Redis that does not answer in time fails it: see ``_watch``)
         if isinstance(reply, ResponseError):
             raise NoScriptError(str(reply)) if str(reply).startswith("NOSCRIPT") else reply
         return reply
+
+    def _watch(self) -> None:
+        """The oldest command waiting: past its time, the connection is dropped and every command
+        on it fails; else watched again at its time."""
+        self._watchdog = None
+        if not self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        due = self._pending[0][1]
+        if due <= loop.time():
+            self.reset(RedisTimeoutError(f"redis did not answer within {self.timeout:g} s"))
+        else:
+            self._watchdog = loop.call_at(due, self._watch)
 
     def _send(self, writer: asyncio.StreamWriter) -> None:
         """Write the commands made since the last write, together, on ``writer`` if it is still the
@@ -130,7 +144,7 @@ class Pipeline:
                 parser.feed(data)
                 while (reply := parser.gets()) is not False:
                     if self._pending:
-                        waiting = self._pending.popleft()
+                        waiting, _ = self._pending.popleft()
                         if not waiting.done():
                             waiting.set_result(reply)
         except (OSError, asyncio.CancelledError):
@@ -142,10 +156,13 @@ class Pipeline:
         """Drop the connection; every command waiting on it fails with ``reason``."""
         writer, self._writer = self._writer, None
         self._outgoing = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if writer is not None:
             writer.close()
         pending, self._pending = self._pending, deque()
-        for waiting in pending:
+        for waiting, _ in pending:
             if not waiting.done():
                 waiting.set_exception(reason)
 
