@@ -14,9 +14,7 @@ read answers it and leaves the session stored; a write to the session removes it
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable
 from typing import TypeVar
 
 from sandbox.errors import RequestFailed, SandboxBusy, SandboxError
@@ -32,7 +30,6 @@ from service.errors import (
     SessionBusy,
     Unavailable,
 )
-from service.observability import Metrics
 from service.stores.store import BytesQuota, LockTimeout, SessionMeta, StoreError
 
 T = TypeVar("T")
@@ -48,19 +45,6 @@ class EnvironmentGone(NotFound):
     def __init__(self, meta: SessionMeta) -> None:
         super().__init__(f"session '{meta.session_id}' not found: its environment '{meta.env_id}' was deleted")
         self.meta = meta
-
-
-@contextmanager
-def store_failures(metrics: Metrics) -> Iterator[None]:
-    """Around one store operation: timed, and its failure an outage."""
-    started = time.perf_counter()
-    try:
-        yield
-    except StoreError as exc:
-        metrics.store_errors.inc()
-        raise Unavailable(str(exc)) from exc
-    finally:
-        metrics.store_latency.observe(time.perf_counter() - started)
 
 
 async def within_quota(write: Awaitable[T]) -> T:

@@ -31,7 +31,7 @@ from sandbox.fairness import FairGate, NoSlot
 from sandbox.pool.requests import WorkerPool
 from service.catalog.model import Environment, Scenario
 from service.catalog.registry import Registry
-from service.engine import failures, turns
+from service.engine import turns
 from service.engine.calls import Applied, Calls
 from service.engine.conversation import Conversation
 from service.engine.creation import Created, Creation
@@ -43,7 +43,7 @@ from service.engine.user_llm import UserSimulator
 from service.engine.views import Views
 from service.errors import NotFound, Unavailable
 from service.observability import Metrics
-from service.stores.store import SessionMeta, SessionStore, Snapshot
+from service.stores.store import SessionMeta, SessionStore, Snapshot, StoreError
 
 T = TypeVar("T")
 
@@ -199,9 +199,16 @@ class Sessions:
         return True
 
     async def stored(self, operation: Awaitable[T]) -> T:
-        """A store operation, timed; its failure an ``Unavailable``."""
-        with failures.store_failures(self.metrics):
+        """A store operation, timed; its failure an ``Unavailable``. (Not a context manager: every
+        call makes two, and a generator's costs more than the rest of this.)"""
+        started = time.perf_counter()
+        try:
             return await operation
+        except StoreError as exc:
+            self.metrics.store_errors.inc()
+            raise Unavailable(str(exc)) from exc
+        finally:
+            self.metrics.store_latency.observe(time.perf_counter() - started)
 
     def sandbox_slot(self, tenant: str) -> _SandboxSlot:
         """Hold a sandbox worker, granted fairly between tenants (see ``FairGate``), ``async with``."""

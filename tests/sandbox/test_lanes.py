@@ -4,6 +4,7 @@ that process runs, /tmp is emptied after it, anything unusual is collected by th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -74,13 +75,16 @@ async def test_a_kept_process_that_died_between_calls_is_collected_and_then_rebu
         stored = await _session(pool, "s1")
         await stored.call(pool, "s1", "increment")
         held = pool._lanes["s1"]
-        assert held.watcher is not None  # its answer pipe stays watched between calls...
+        # Its answer pipe watched as a call that waited for its answer leaves it (watched until it is
+        # found readable with no call waiting: a process that ended must not make the loop spin).
+        held.watch(asyncio.get_running_loop())
+        held.waiter = None
         signal.pidfd_send_signal(held.pidfd, signal.SIGKILL)
         for _ in range(40):
             await _pause()
             if held.watcher is None:
                 break
-        assert held.watcher is None  # ...until it is found readable (closed) with no call waiting: no spinning
+        assert held.watcher is None
         out = await stored.call(pool, "s1", "increment")
         assert not out.ok and out.error["type"] == "resource_limit", out.error  # killed: how the worker saw it end
         out = await stored.call(pool, "s1", "increment")
