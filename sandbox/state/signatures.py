@@ -36,6 +36,40 @@ def signature(target: Callable[..., Any]) -> inspect.Signature:
     return made
 
 
+SIMPLE = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+# Of a kept signature (held here too, so its id names it alone): its parameters' names and those
+# without a default, or None when it has other kinds (``bind`` then says).
+_shapes: dict[int, tuple[inspect.Signature, frozenset[str], frozenset[str]] | None] = {}
+
+
+def binds(target: Callable[..., Any], arguments: dict[str, Any]) -> bool:
+    """Whether ``target(**arguments)`` certainly binds: every argument names a parameter and
+    every parameter without a default is named. False: not told here (``bind`` tells, and words
+    the problem), as for any signature with positional-only or variadic parameters."""
+    made = signature(target)
+    key = id(made)
+    if key in _shapes:
+        shape = _shapes[key]
+        if shape is not None and shape[0] is not made:
+            shape = _shapes[key] = _shape(made)
+    else:
+        if len(_shapes) >= KEPT:
+            _shapes.clear()
+        shape = _shapes[key] = _shape(made)
+    if shape is None:
+        return False
+    _, names, required = shape
+    named = arguments.keys()
+    return required <= named and named <= names
+
+
+def _shape(made: inspect.Signature) -> tuple[inspect.Signature, frozenset[str], frozenset[str]] | None:
+    parameters = made.parameters.values()
+    if any(p.kind not in SIMPLE for p in parameters):
+        return None
+    return made, frozenset(p.name for p in parameters), frozenset(p.name for p in parameters if p.default is p.empty)
+
+
 def warm(cls: type) -> None:
     """Keep the signatures of ``cls``'s tools (its public plain functions, as themselves and as
     methods) now: in a host, before it forks sessions, so that no session makes its own (each

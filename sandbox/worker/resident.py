@@ -26,7 +26,7 @@ from sandbox.state import decoder, encoder, view
 from sandbox.state.deltas import Delta, DeltaError, apply, entries_in_place, field
 from sandbox.state.parts import Parts, Unwatched, blob, shares
 from sandbox.state.readonly import ReadOnly
-from sandbox.state.signatures import signature
+from sandbox.state.signatures import binds, signature
 from sandbox.state.view import Diff, no_diff
 from sandbox.wire import answers
 from sandbox.wire.limits import DEFAULTS
@@ -412,7 +412,8 @@ class LiveSession:
         # A copy: a tool may keep an argument in the state, and the request must not hold it too.
         arguments = _copied(request.get("arguments") or {})
         try:
-            signature(method).bind(**arguments)
+            if not binds(method, arguments):
+                signature(method).bind(**arguments)
         except TypeError as exc:
             raise Failure(INVALID_ARGUMENTS, f"{name}: {exc}") from None
         try:

@@ -10,6 +10,7 @@ import json
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,33 @@ def test_a_host_keeps_its_tools_signatures_before_forking_sessions(env_module: t
     assert _shape(signature(instance.close)) == [("key", "a")] and _shape(signature(env_module.Env.retarget)) == \
         [("self", None), ("key", None)]
     assert made == []  # both were kept by ``warm``, none made for the session
+
+
+def test_arguments_are_told_to_bind_only_where_inspect_binds_them() -> None:
+    from sandbox.state.signatures import binds
+
+    class Tools:
+        def plain(self, a: int, b: int = 2, *, c: int = 3) -> None: ...
+        def required_kw(self, a: int, *, c: int) -> None: ...
+        def positional(self, a: int, /, b: int = 1) -> None: ...
+        def star(self, *args: Any, **kwargs: Any) -> None: ...
+        def none(self) -> None: ...
+
+    tools = Tools()
+    tries: list[dict[str, Any]] = [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"b": 2}, {"a": 1, "d": 4},
+                                   {"c": 1}, {"self": 1}, {"a": 1, "b": 2, "c": 3, "x": 0}, {"args": 1}]
+    told = 0
+    for name in ("plain", "required_kw", "positional", "star", "none"):
+        method = getattr(tools, name)
+        for arguments in tries:
+            try:
+                inspect.signature(method).bind(**arguments)
+                bound = True
+            except TypeError:
+                bound = False
+            if binds(method, arguments):
+                told += 1
+                assert bound, (name, arguments)
+            elif name not in ("positional", "star"):  # (told for every simple signature, either way)
+                assert not bound, (name, arguments)
+    assert told == 5  # plain: 3, required_kw: 1, none: 1

@@ -26,6 +26,7 @@ def anyio_backend() -> str:
 def test_commands_are_packed_as_the_protocol_says() -> None:
     assert pack("GET", "k") == b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
     assert pack("SET", "ключ", 12) == b"*3\r\n$3\r\nSET\r\n$8\r\n\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87\r\n$2\r\n12\r\n"
+    assert pack("SET", "ключ", b"\xff\r\n") == b"*3\r\n$3\r\nSET\r\n$8\r\n\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87\r\n$3\r\n\xff\r\n\r\n"
 
 
 async def _session(store: RedisStore, sid: str) -> None:

@@ -24,12 +24,19 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 def pack(*args: str | bytes | int) -> bytes:
-    """A command in the Redis protocol (an array of bulk strings)."""
-    out = [b"*%d\r\n" % len(args)]
+    """A command in the Redis protocol (an array of bulk strings). Made as text and encoded once
+    while every argument is text (a commit has thirty): a bytes argument is put in as it is."""
+    if any(type(arg) is bytes for arg in args):
+        out = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(out)
+    parts = [f"*{len(args)}\r\n"]
     for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+        text = str(arg)
+        parts.append(f"${len(text) if text.isascii() else len(text.encode())}\r\n{text}\r\n")
+    return "".join(parts).encode()
 
 
 class Pipeline:
