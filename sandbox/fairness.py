@@ -33,11 +33,12 @@ class FairGate:
         self._grants = 0
         self._last_grant: dict[str, int] = {}  # tenant -> when (in grants) it was last given a slot
         self.held: dict[str, int] = {}
+        self._in_use = 0  # (the sum of ``held``, kept: it is asked several times a call)
         self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
 
     @property
     def in_use(self) -> int:
-        return sum(self.held.values())
+        return self._in_use
 
     def slot(self, tenant: str, timeout: float | None = None) -> Slot:
         """Hold one slot for ``tenant`` (``async with``).
@@ -73,11 +74,13 @@ class FairGate:
         if held == 0 and self.capacity - self.in_use <= self.reserve:
             self.reserved_grants += 1
         self.held[tenant] = held + 1
+        self._in_use += 1
         self._grants += 1
         self._last_grant[tenant] = self._grants
 
     def _release(self, tenant: str) -> None:
         self.held[tenant] -= 1
+        self._in_use -= 1
         if not self.held[tenant]:
             del self.held[tenant]
             if tenant not in self.waiting:
@@ -85,7 +88,7 @@ class FairGate:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        while self.in_use < self.capacity:
+        while self.waiting and self._in_use < self.capacity:
             eligible = [t for t in self.waiting if self._may_take(t)]
             if not eligible:
                 return

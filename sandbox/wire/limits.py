@@ -13,6 +13,7 @@ Standard library only: the worker reads its flags with ``worker_arguments``.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -97,8 +98,14 @@ class Limits:
 
     def call_fields(self) -> dict[str, Any]:
         """What each call request carries of these limits, for the session's process to enforce."""
-        return {item.metadata["call"]: getattr(self, item.name) for item in fields(self)
-                if item.metadata["call"] is not None}
+        return {call: getattr(self, name) for call, name in _call_names()}
+
+
+@functools.cache
+def _call_names() -> list[tuple[str, str]]:
+    """(the name in a call request, the field) of the limits each call carries (``fields`` looks
+    through the class on each use: every call asked)."""
+    return [(item.metadata["call"], item.name) for item in fields(Limits) if item.metadata["call"] is not None]
 
 
 DEFAULTS = Limits()
