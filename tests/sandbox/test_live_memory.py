@@ -79,3 +79,19 @@ def test_by_default_live_sessions_share_half_the_memory_the_service_may_use() ->
     assert resident_share(Limits(resident_memory_mb=300), 2).resident_memory_mb == 300
     assert resident_share(Limits(resident_memory_mb=0), 2).resident_memory_mb == 0  # (nothing kept live)
     assert resident_share(Limits(), 100_000).resident_memory_mb == MIN_RESIDENT_MB
+
+
+def test_what_a_group_holds_is_its_usage_less_the_page_cache_it_could_drop(tmp_path: Any) -> None:
+    from sandbox.worker.memory import Gauge
+
+    (tmp_path / "memory.current").write_text("10000000\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    stat = "anon 123\nfile 4000000\nkernel 7\nshmem 1000000\nfile_mapped 99\nshmem_thp 5\n"
+    (tmp_path / "memory.stat").write_text(stat)
+    gauge = Gauge.of_group(str(tmp_path))
+    assert gauge is not None and gauge.limit() is None
+    assert gauge.used() == 10_000_000 - (4_000_000 - 1_000_000)  # file pages but shared memory
+    (tmp_path / "memory.stat").write_text("shmem 1000000\nanon 5")  # no file pages: nothing to drop
+    assert gauge.used() == 10_000_000
+    (tmp_path / "memory.stat").write_text("file 12000000")  # more cache than usage: never below 0
+    assert gauge.used() == 0
