@@ -49,9 +49,7 @@ class FairGate:
         return Slot(self, tenant, timeout)
 
     async def _acquire(self, tenant: str) -> None:
-        if not self.waiting and self._may_take(tenant):
-            self._take(tenant)
-            return
+        """Wait for a slot (``Slot`` has found none free)."""
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(tenant, deque()).append(granted)
         self._dispatch()

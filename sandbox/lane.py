@@ -225,7 +225,7 @@ async def _write(loop: asyncio.AbstractEventLoop, fd: int, data: bytes, deadline
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:
-            await _ready(loop, fd, deadline, write=True)
+            await _writable(loop, fd, deadline)
 
 
 async def _read(loop: asyncio.AbstractEventLoop, lane: Lane, deadline: float, cap: int) -> tuple[bytes | None, str]:
@@ -247,16 +247,15 @@ async def _read(loop: asyncio.AbstractEventLoop, lane: Lane, deadline: float, ca
             return (arriving.body() if outcome == "done" else None), outcome
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, deadline: float, *, write: bool = False) -> None:
-    """Until ``fd`` is readable (or writable); TimeoutError at ``deadline``."""
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int, deadline: float) -> None:
+    """Until ``fd`` is writable (a request larger than the pipe holds); TimeoutError at ``deadline``."""
     waiter = loop.create_future()
-    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
-    add(fd, _wake, waiter)
+    loop.add_writer(fd, _wake, waiter)
     try:
         async with asyncio.timeout_at(deadline):
             await waiter
     finally:
-        remove(fd)
+        loop.remove_writer(fd)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from service.catalog.quickcheck import compile_schema
+from service.catalog.quickcheck import compile_schema, scalar_key
 
 MAX_DEPTH = 32
 MAX_VALUES = 10_000
@@ -34,31 +34,18 @@ class ArgumentLimit(Exception):
         self.value = value
 
 
-def _key(value: Any) -> tuple[str, Any] | None:
-    """A hashable stand-in with JSON Schema equality (true is not 1; 1 is 1.0), or None for containers."""
-    if value is None:
-        return ("null", None)
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int | float):
-        return ("number", value)
-    if isinstance(value, str):
-        return ("string", value)
-    return None
-
-
 class EnumSet(list[Any]):
     """An ``enum`` list that also holds its scalar members as a set, built once per schema."""
 
     def __init__(self, values: list[Any]) -> None:
         super().__init__(values)
-        self.scalars = {k for k in map(_key, values) if k is not None}
-        self.containers = [v for v in values if _key(v) is None]
+        self.scalars = {k for k in map(scalar_key, values) if k is not None}
+        self.containers = [v for v in values if scalar_key(v) is None]
 
 
 def _fast_enum(validator: Any, enums: list[Any], instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
     allowed = enums if isinstance(enums, EnumSet) else EnumSet(enums)
-    key = _key(instance)
+    key = scalar_key(instance)
     if key is not None and key in allowed.scalars:
         return
     if key is None and any(validator.is_valid(instance, {"const": each}) for each in allowed.containers):

@@ -79,22 +79,21 @@ def _enum(values: Any, _: dict[str, Any]) -> Check | None:
         return None
     keys = set()
     for value in values:
-        key = _scalar_key(value)
+        key = scalar_key(value)
         if key is not None:
             keys.add(key)
-    return lambda value: _scalar_key(value) in keys
+    return lambda value: scalar_key(value) in keys
 
 
-def _scalar_key(value: Any) -> tuple[str, Any] | None:
-    """Hashable with JSON Schema equality: true is not 1, 1 is 1.0 (as ``arguments._key``)."""
-    kind = type(value)
+def scalar_key(value: Any) -> tuple[str, Any] | None:
+    """A hashable stand-in with JSON Schema equality (true is not 1; 1 is 1.0), or None for containers."""
     if value is None:
         return ("null", None)
-    if kind is bool:
+    if isinstance(value, bool):
         return ("bool", value)
-    if kind is int or kind is float:
+    if isinstance(value, int | float):
         return ("number", value)
-    if kind is str:
+    if isinstance(value, str):
         return ("string", value)
     return None
 
