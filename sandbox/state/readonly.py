@@ -168,7 +168,12 @@ class ReadOnly:
         if any(name in names for names in found_in[:-1] for name in _LOOKUPS):
             return False
         for name, found in self.looked.items():
-            now = next((names[name] for names in found_in if name in names), _MISSING)
+            for names in found_in:  # (a loop, not ``next`` over a generator: this runs on every call)
+                if name in names:
+                    now = names[name]
+                    break
+            else:
+                now = _MISSING
             if now is not found or not (isinstance(now, types.FunctionType) or now is _MISSING or _builtin_data(now)):
                 return False
         if any(function.__code__ is not code for function, code in self.codes):
@@ -176,10 +181,13 @@ class ReadOnly:
         names = vars(self.module)
         table = names.get("__builtins__", builtins)
         table = vars(table) if isinstance(table, types.ModuleType) else table
-        return names.keys().isdisjoint(GENUINE) and all(map(operator.is_, map(table.get, GENUINE), GENUINE.values()))
+        return names.keys().isdisjoint(_GENUINE_NAMES) and \
+            all(map(operator.is_, map(table.get, _GENUINE_NAMES), _GENUINE_VALUES))
 
 
 _LOOKUPS = ("__getattribute__", "__getattr__")
+_GENUINE_NAMES = frozenset(GENUINE)
+_GENUINE_VALUES = tuple(GENUINE[name] for name in _GENUINE_NAMES)
 
 
 def _custom_lookup(cls: type) -> bool:

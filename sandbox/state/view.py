@@ -361,9 +361,51 @@ def _rebase(shown: Any, where: Where, depth: int = 0) -> Any:
 def view(value: Any, owner: Any = None) -> Any:
     """The JSON view of any Python value (tool results, pickled objects): see the module docstring.
     ``owner``: the environment instance, when ``value`` is its state."""
+    if owner is None:
+        try:
+            return _plain(value, 0, set())
+        except _NotPlain:
+            pass
     viewer = ValueViewer()
     viewer.owner = owner
     return viewer.show(value, None, 0)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(value: Any, depth: int, seen: set[int]) -> Any:
+    """``value`` as ``ValueViewer`` shows it, for the usual tool result: a tree of dicts with text
+    keys, lists, text, ints, finite floats, booleans and None, each container met once and within
+    the view's bounds. Anything else raises ``_NotPlain`` (the viewer then shows it). A third of
+    the viewer's cost: one test of the exact type per value instead of the viewer's chain."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return value
+    if kind is int:
+        if value.bit_length() < BIG_INT_BITS:
+            return value
+        raise _NotPlain
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        raise _NotPlain
+    if kind is not dict and kind is not list:
+        raise _NotPlain
+    marker = id(value)
+    if depth >= MAX_DEPTH or marker in seen or len(seen) >= MAX_VIEW_NODES:
+        raise _NotPlain  # (a truncation or a ``$ref``: the viewer's)
+    seen.add(marker)
+    depth += 1
+    if kind is list:
+        return [_plain(item, depth, seen) for item in value]
+    out = {}
+    for key, item in value.items():
+        if type(key) is not str or key[:1] == "$":
+            raise _NotPlain
+        out[key] = _plain(item, depth, seen)
+    return out
 
 
 def bound_method(value: Any) -> bool:

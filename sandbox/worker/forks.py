@@ -428,20 +428,19 @@ def _answer(run: Callable[[], tuple[dict[str, Any], bool]], limits: WorkerLimits
     """Run environment code with capped output; its answer as JSON bytes, and whether ``run``
     said the process may go on (never after a failure that escaped it)."""
     output = CappedOutput(limits.output_bytes)
-    printed_too_much = error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
     keep = False
     try:
         sys.stdout = sys.stderr = output
         try:
             answer, keep = run()
         except OutputLimit:
-            answer = {"error": printed_too_much}
+            answer = {"error": _printed_too_much(limits)}
         except Failure as exc:
             answer = {"error": error(exc.kind, exc.message)}
         except MemoryError:
             answer = {"error": error(RESOURCE_LIMIT, "out of memory")}
         if output.exceeded:
-            answer, keep = {"error": printed_too_much}, False
+            answer, keep = {"error": _printed_too_much(limits)}, False
         try:
             payload = protocol.encode_body(answer, ascii_fallback=False)
         except UnicodeEncodeError:
@@ -452,6 +451,10 @@ def _answer(run: Callable[[], tuple[dict[str, Any], bool]], limits: WorkerLimits
         payload = json.dumps({"error": error(SANDBOX_ERROR, f"{type(exc).__name__}: {exc}")}).encode()
         keep = False
     return payload, keep
+
+
+def _printed_too_much(limits: WorkerLimits) -> dict[str, Any]:
+    return error(RESOURCE_LIMIT, f"the tool printed more than {limits.output_bytes} bytes")
 
 
 def _write_all(fd: int, payload: bytes) -> None:

@@ -358,7 +358,7 @@ class LiveSession:
         # runs another class's, and no tool is proven for it.
         kind = type(self.instance)
         reads = watched and self.readonly is not None and self.readonly.proven(request["name"], kind)
-        result_view = self._run(request)
+        result_view = self._run(request, reads)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": no_diff()}
         if reads:
             # A watched state holds builtin values only, which such a tool can but read; and it calls
@@ -407,11 +407,12 @@ class LiveSession:
         self.print = None if self.parts is not None and self.parts.watched else after
         return {**unchanged, "state": text, "diff": view.diff(before_view, shown)}
 
-    def _run(self, request: dict[str, Any]) -> Any:
+    def _run(self, request: dict[str, Any], proven: bool = False) -> Any:
         """The tool's result, as its view: nothing here keeps the result itself, which may be an
-        object of the state (a watched state counts who holds its objects)."""
+        object of the state (a watched state counts who holds its objects). ``proven``: the tool
+        is one the proofs hold for, so its class still resolves it to the plain function proven."""
         name = request["name"]
-        method = _tool(self.cls, self.instance, name)
+        method = getattr(self.instance, name) if proven else _tool(self.cls, self.instance, name)
         # A copy: a tool may keep an argument in the state, and the request must not hold it too.
         arguments = _copied(request.get("arguments") or {})
         try:
@@ -517,7 +518,7 @@ def _hidden_field(value: Any) -> str | None:
 def _without_hidden(answer: dict[str, Any]) -> dict[str, Any]:
     """A call's answer with its diff saying nothing of the stored randomness, which no view shows."""
     diff = answer.get("diff")
-    if isinstance(diff, dict):
+    if isinstance(diff, dict) and (diff.get("added") or diff.get("removed") or diff.get("changed")):
         answer["diff"] = {kind: [entry for entry in entries if not _of_hidden(entry)]
                           if kind in ("added", "removed", "changed") else entries for kind, entries in diff.items()}
     return answer
