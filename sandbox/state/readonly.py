@@ -168,9 +168,9 @@ class ReadOnly:
         if any(name in names for names in found_in[:-1] for name in _LOOKUPS):
             return False
         for name, found in self.looked.items():
-            for names in found_in:  # (a loop, not ``next`` over a generator: this runs on every call)
-                if name in names:
-                    now = names[name]
+            for found_at in found_in:  # (a loop, not ``next`` over a generator: this runs on every call)
+                if name in found_at:
+                    now = found_at[name]
                     break
             else:
                 now = _MISSING
