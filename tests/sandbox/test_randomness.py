@@ -74,6 +74,26 @@ class Counter:
 ''')
 
 
+READING = EnvCode("random-reading", "random_reading", "Dice", '''
+import random
+
+
+class Dice:
+    def __init__(self, config=None):
+        random.seed(42)
+        self.first = random.random()
+        self.rolled = []
+
+    def roll(self) -> float:
+        value = random.random()
+        self.rolled.append(value)
+        return value
+
+    def last(self) -> float:
+        return self.rolled[-1] if self.rolled else 0.0
+''')
+
+
 class Session:
     """A session as the service keeps it (whole states), with its randomness' tag and seed."""
 
@@ -116,6 +136,22 @@ async def test_a_class_seeding_random_draws_as_in_one_plain_process(pool_factory
         assert [await live.call("roll") for _ in range(3)] == _plain_dice(3)
         rebuilt = await Session(pool, SEEDING, "rebuilt", "b").start(template)
         assert [await rebuilt.call("roll", rebuild=True) for _ in range(4)] == _plain_dice(4)
+
+
+async def test_reads_proven_to_change_nothing_between_draws_leave_the_stream_where_it_was(pool_factory: Any) -> None:
+    """``last`` is proven read-only, so its calls do not look at the random state at all: the draws
+    around them, live and rebuilt, are still one plain process's."""
+    async with pool_factory(size=1) as pool:
+        session = await Session(pool, READING, "a", "a").start("t-reading")
+        rolls, lasts = [], []
+        for rebuild in (False, False, True, False):
+            rolls.append(await session.call("roll", rebuild=rebuild))
+            stored = session.state
+            lasts.append(await session.call("last"))
+            assert session.state == stored  # (nothing to store: not even the random state)
+            lasts.append(await session.call("last", rebuild=True))
+        assert rolls == _plain_dice(4)
+        assert lasts == [value for value in rolls for _ in range(2)]
 
 
 async def test_sessions_of_one_template_never_share_draws(pool_factory: Any) -> None:
