@@ -150,7 +150,8 @@ class _Bounded(HttpToolsProtocol):
         self._got_head()
         self._arm(self.bounds.body_timeout)
         super().on_headers_complete()
-        if self.cycle is not None and self.transport is not None:
+        # (a HEAD's response is its head alone: nothing would come to send it on with)
+        if self.cycle is not None and self.transport is not None and self.scope.get("method") != "HEAD":
             self.cycle.transport = _OneWrite(self.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
@@ -158,8 +159,6 @@ class _Bounded(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        if self.cycle is not None and isinstance(self.cycle.transport, _OneWrite):
-            self.cycle.transport.flush()  # (a HEAD's response ends with its head)
         super().on_response_complete()
         answering = self.cycle is not None and not self.cycle.response_complete  # a pipelined request
         if not self.transport.is_closing() and not answering:
@@ -174,8 +173,9 @@ class _Bounded(HttpToolsProtocol):
 
 class _OneWrite:
     """A response's transport that holds a head declaring its length until the body's first write
-    (or the response's end, or the connection's close) and writes them together. A head without a
-    length (a streamed response) goes out at once, as does anything else (``100 Continue``)."""
+    (which uvicorn makes even of an empty body) or the connection's close (an app that failed
+    after its head), and writes them together. A head without a length (a streamed response)
+    goes out at once, as does anything else (``100 Continue``)."""
 
     __slots__ = ("transport", "head")
 

@@ -107,6 +107,20 @@ def test_a_head_request_is_answered_with_its_head_alone() -> None:
     _run(scenario)
 
 
+def test_pipelined_requests_each_get_their_whole_response_head_requests_among_them() -> None:
+    async def scenario(reader: Any, writer: Any, writes: list[bytes], _: Any) -> None:
+        writer.write(b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n"
+                     b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n\r\na"
+                     b"HEAD /x HTTP/1.1\r\nhost: t\r\n\r\n"
+                     b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\nbc")
+        for body in (None, b"echo:a", None, b"echo:bc"):
+            head = await _read_until(reader, b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            if body is not None:
+                assert await asyncio.wait_for(reader.readexactly(len(body)), 5) == body
+    _run(scenario)
+
+
 def test_a_streamed_response_sends_its_head_before_its_body_exists() -> None:
     async def scenario(reader: Any, writer: Any, writes: list[bytes], release: asyncio.Event) -> None:
         writer.write(b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
