@@ -172,24 +172,30 @@ class _Bounded(HttpToolsProtocol):
 
 
 class _OneWrite:
-    """A response's transport that holds a head declaring its length until the body's first write
-    (which uvicorn makes even of an empty body) or the connection's close (an app that failed
-    after its head), and writes them together. A head without a length (a streamed response)
-    goes out at once, as does anything else (``100 Continue``)."""
+    """A response's transport that holds its head, when it declares a length, until the body's
+    first write (which uvicorn makes even of an empty body) or the connection's close (an app that
+    failed after its head), and writes them together. Only the response's first write is its head
+    (an informational ``100 Continue`` before it passes through): nothing written after it is
+    ever held, whatever its bytes."""
 
-    __slots__ = ("transport", "head")
+    __slots__ = ("transport", "head", "fresh")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.head: bytes | None = None
+        self.fresh = True  # the head is not written yet
 
     def write(self, data: bytes) -> None:
         head = self.head
         if head is not None:
             self.head = None
-            self.transport.write(head + data)
-        elif data[:5] == b"HTTP/" and b"\r\ncontent-length: " in data:
-            self.head = data
+            self.transport.write(b"".join((head, data)))
+        elif self.fresh and not data.startswith(b"HTTP/1.1 1"):
+            self.fresh = False
+            if b"\r\ncontent-length: " in data:
+                self.head = bytes(data)
+            else:
+                self.transport.write(data)
         else:
             self.transport.write(data)
 

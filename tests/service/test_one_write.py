@@ -32,6 +32,13 @@ class _Recorded:
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
+    if scope["path"] == "/raw":  # a body in two parts, the second looking like a response's head
+        parts = [b"first:", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
+        length = str(sum(map(len, parts))).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]})
+        await send({"type": "http.response.body", "body": parts[0], "more_body": True})
+        await send({"type": "http.response.body", "body": parts[1], "more_body": False})
+        return
     if scope["path"] == "/stream":  # a streamed response: its head must not wait for the body
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await scope["state"]["release"].wait()
@@ -118,6 +125,17 @@ def test_pipelined_requests_each_get_their_whole_response_head_requests_among_th
             assert head.startswith(b"HTTP/1.1 200 OK\r\n")
             if body is not None:
                 assert await asyncio.wait_for(reader.readexactly(len(body)), 5) == body
+    _run(scenario)
+
+
+def test_a_body_that_looks_like_a_response_head_is_written_as_it_comes() -> None:
+    async def scenario(reader: Any, writer: Any, writes: list[bytes], _: Any) -> None:
+        for _ in range(2):  # (and the connection goes on)
+            writer.write(b"GET /raw HTTP/1.1\r\nhost: t\r\n\r\n")
+            head = await _read_until(reader, b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 46\r\n" in head
+            body = await asyncio.wait_for(reader.readexactly(46), 5)
+            assert body == b"first:HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
     _run(scenario)
 
 
