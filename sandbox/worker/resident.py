@@ -13,11 +13,13 @@ stored), and the worker then ends the process. Standard library only.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import copy
 import hashlib
 import inspect
 import json
+import sys
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -360,14 +362,17 @@ class LiveSession:
         reads = watched and self.readonly is not None and self.readonly.proven(request["name"], kind)
         result_view = self._run(request, reads)
         unchanged = {"ok": True, "result": result_view, "error": None, "state": None, "diff": no_diff()}
-        if reads:
+        if reads and _alone():
             # A watched state holds builtin values only, which such a tool can but read; and it calls
-            # nothing that draws randomness (only the proof's builtins), so the streams are as they
-            # were: looking (a copy of the generator's 625 words, compared) would cost a third of a read.
+            # nothing that draws randomness (only the proof's builtins), and nothing else ran beside
+            # it, so the streams are as they were: looking (a copy of the generator's 625 words,
+            # compared) would cost a third of a read.
             return unchanged
         # A tool that drew randomness changed what is stored, whatever it did to the attributes.
         current = self.stream.current()
         drew = current != self.hidden
+        if reads and not drew:
+            return unchanged
         state = self._state(current)
         limit = _limit(request, "max_state_bytes", DEFAULTS.state_bytes)
         if watched and self.parts is not None:
@@ -477,6 +482,12 @@ class LiveSession:
             return {**answer, "state": None, "delta": changes}
         self.delta, self.base_size = Delta(), len(self.text)
         return {**answer, "rebase": True}
+
+
+def _alone() -> bool:
+    """Whether nothing but the tool ran during its call: no thread beside it, no profile or trace
+    hook (environment code may have set one in an earlier call, and it runs on every call)."""
+    return sys.getprofile() is None and sys.gettrace() is None and _thread._count() == 0
 
 
 def _copied(value: Any) -> Any:

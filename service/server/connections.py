@@ -149,9 +149,11 @@ class _Bounded(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._got_head()
         self._arm(self.bounds.body_timeout)
+        before = self.cycle
         super().on_headers_complete()
-        # (a HEAD's response is its head alone: nothing would come to send it on with)
-        if self.cycle is not None and self.transport is not None and self.scope.get("method") != "HEAD":
+        # Only a cycle made for this request (an upgrade makes none: the previous one may be
+        # mid-answer), and not a HEAD's (its response is its head alone: nothing would send it on).
+        if self.cycle is not before and self.cycle is not None and self.scope.get("method") != "HEAD":
             self.cycle.transport = _OneWrite(self.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
@@ -168,6 +170,8 @@ class _Bounded(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         self._arm(None)  # the connection is the WebSocket protocol's from here on
         self._got_head()
+        if self.cycle is not None and isinstance(self.cycle.transport, _OneWrite):
+            self.cycle.transport.flush()  # (a response under way goes out as far as uvicorn's own would)
         super().handle_websocket_upgrade()
 
 

@@ -154,6 +154,49 @@ async def test_reads_proven_to_change_nothing_between_draws_leave_the_stream_whe
         assert lasts == [value for value in rolls for _ in range(2)]
 
 
+HOOKED = '''
+import random
+import sys
+
+
+class Dice:
+    def __init__(self, config=None):
+        self.rolled = []
+
+    def arm(self) -> int:
+        sys.setprofile(lambda frame, event, arg: random.random() if event == "call" else None)
+        return 1
+
+    def last(self) -> int:
+        return len(self.rolled)
+'''
+
+
+def test_a_draw_made_beside_a_proven_read_is_stored() -> None:
+    """A profile hook an earlier call set runs during a read proven to change nothing: what it
+    draws is the session's, and stored, as one plain process would go on from there."""
+    import types
+
+    from sandbox.state.readonly import ReadOnly
+    from sandbox.worker.resident import LiveSession
+
+    module = types.ModuleType("random_hooked")
+    exec(compile(HOOKED, "<env random_hooked>", "exec"), module.__dict__)
+    session = LiveSession(module, module.Dice, ReadOnly(module, HOOKED, module.Dice))
+    session.handle({"op": "init", "init_config": {}})
+    assert session.readonly is not None and session.readonly.proven("last", module.Dice)
+    plain, _ = session.handle({"op": "call", "name": "last", "arguments": {}})
+    assert plain["state"] is None  # (nothing drew: nothing to store)
+    try:
+        session.handle({"op": "call", "name": "arm", "arguments": {}})
+        armed = json.loads(session.text).get(HIDDEN)
+        answer, kept = session.handle({"op": "call", "name": "last", "arguments": {}})
+    finally:
+        sys.setprofile(None)
+    assert kept and answer["ok"] and answer["result"] == 0
+    assert json.loads(session.text)[HIDDEN] != armed  # what the hook drew during the read is stored
+
+
 async def test_sessions_of_one_template_never_share_draws(pool_factory: Any) -> None:
     async with pool_factory(size=1) as pool:
         first = await Session(pool, DRAWING, "a", "a").start("t-tokens")

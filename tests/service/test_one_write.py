@@ -9,7 +9,7 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from service.server.connections import ConnectionBounds, bounded_protocol
+from service.server.connections import ConnectionBounds, bounded_protocol, bounded_websockets
 
 BOUNDS = ConnectionBounds(max_header_bytes=8192, header_timeout=5, body_timeout=5, max_connections=100)
 
@@ -30,7 +30,14 @@ class _Recorded:
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
+    if scope["type"] == "websocket":
+        await receive()
+        await send({"type": "websocket.close"})
+        return
+    if scope["path"] == "/slow":  # a head, then the body only once released
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+        await scope["state"]["release"].wait()
+        await send({"type": "http.response.body", "body": b"slow", "more_body": False})
         return
     if scope["path"] == "/raw":  # a body in two parts, the second looking like a response's head
         parts = [b"first:", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
@@ -63,7 +70,7 @@ async def _serve(writes: list[bytes], release: asyncio.Event) -> tuple[asyncio.S
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(_Recorded(transport, writes))  # type: ignore[arg-type]
 
-    config = uvicorn.Config(_app, http=Recording, lifespan="off", log_level="warning")
+    config = uvicorn.Config(_app, http=Recording, ws=bounded_websockets(1), lifespan="off", log_level="critical")
     config.load()
     state = ServerState()
     server = await asyncio.get_running_loop().create_server(
@@ -136,6 +143,20 @@ def test_a_body_that_looks_like_a_response_head_is_written_as_it_comes() -> None
             assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 46\r\n" in head
             body = await asyncio.wait_for(reader.readexactly(46), 5)
             assert body == b"first:HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    _run(scenario)
+
+
+def test_an_upgrade_sent_while_a_response_is_under_way_gets_that_response_s_head_out_first() -> None:
+    """uvicorn hands the connection to the WebSocket protocol at once: what the response under way
+    wrote so far (its head) must be on the wire before what that protocol answers."""
+    async def scenario(reader: Any, writer: Any, writes: list[bytes], release: asyncio.Event) -> None:
+        writer.write(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
+        await asyncio.sleep(0.1)  # (the head is held while the body waits)
+        writer.write(b"GET /ws HTTP/1.1\r\nhost: t\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                     b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n")
+        head = await _read_until(reader, b"\r\n\r\n")
+        release.set()
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 4\r\n" in head
     _run(scenario)
 
 
