@@ -190,18 +190,14 @@ class _OneWrite:
         self.fresh = True  # the head is not written yet
 
     def write(self, data: bytes) -> None:
-        head = self.head
-        if head is not None:
-            self.head = None
-            self.transport.write(b"".join((head, data)))
+        if self.head is not None:
+            data, self.head = b"".join((self.head, data)), None
         elif self.fresh and not data.startswith(b"HTTP/1.1 1"):
             self.fresh = False
             if b"\r\ncontent-length: " in data:
                 self.head = bytes(data)
-            else:
-                self.transport.write(data)
-        else:
-            self.transport.write(data)
+                return
+        self.transport.write(data)
 
     def flush(self) -> None:
         head, self.head = self.head, None

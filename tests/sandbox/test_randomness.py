@@ -12,13 +12,16 @@ import json
 import random
 import subprocess
 import sys
+import types
 from typing import Any
 
 import pytest
 
 from sandbox.pool.calls import EnvCode
 from sandbox.pool.requests import WorkerPool
+from sandbox.state.readonly import ReadOnly
 from sandbox.worker.randomness import HIDDEN
+from sandbox.worker.resident import LiveSession
 from tests.sandbox.calls import session_call
 
 pytestmark = pytest.mark.anyio
@@ -175,11 +178,6 @@ class Dice:
 def test_a_draw_made_beside_a_proven_read_is_stored() -> None:
     """A profile hook an earlier call set runs during a read proven to change nothing: what it
     draws is the session's, and stored, as one plain process would go on from there."""
-    import types
-
-    from sandbox.state.readonly import ReadOnly
-    from sandbox.worker.resident import LiveSession
-
     module = types.ModuleType("random_hooked")
     exec(compile(HOOKED, "<env random_hooked>", "exec"), module.__dict__)
     session = LiveSession(module, module.Dice, ReadOnly(module, HOOKED, module.Dice))
